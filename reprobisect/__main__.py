@@ -1,0 +1,5 @@
+import sys
+
+from reprobisect.cli import main
+
+sys.exit(main())

@@ -1,0 +1,158 @@
+"""Exact-bit fingerprints and stats for torch tensors, computed on the tensor's device.
+
+Same algorithm and same values as ``reprobisect.trace.fingerprint`` (see its docstring);
+only the per-row sums and six statistics leave the device. ``begin`` queues the device
+work without synchronising, ``finish`` brings the small results to the host, so a
+recorder can fingerprint a whole step and synchronise once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
+
+__all__ = ["Pending", "begin", "finish", "fingerprint", "fingerprint_and_stats"]
+
+_weights: dict[torch.device, torch.Tensor] = {}
+_BLOCK_ROWS = {"cpu": 64}
+_DEFAULT_BLOCK_ROWS = 4096  # accelerators: ~128 MiB of int64 scratch per block
+
+
+def _device_weights(device: torch.device) -> torch.Tensor:
+    w = _weights.get(device)
+    if w is None:
+        w = torch.from_numpy(column_weights().copy()).to(device)
+        _weights[device] = w
+    return w
+
+
+def _lanes(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    t = t.contiguous().reshape(-1)
+    raw = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    if raw.numel() % 4:
+        raw = torch.cat([raw, raw.new_zeros((-raw.numel()) % 4)])
+    try:
+        return raw.view(torch.int32)
+    except RuntimeError:  # storage offset not 4-byte aligned
+        return raw.clone().view(torch.int32)
+
+
+def _row_sums(lanes: torch.Tensor) -> torch.Tensor:
+    w = _device_weights(lanes.device)
+    n = lanes.numel()
+    full, rem = divmod(n, ROW)
+    parts = []
+    if full:
+        grid = lanes[: full * ROW].view(full, ROW)
+        block = _BLOCK_ROWS.get(lanes.device.type, _DEFAULT_BLOCK_ROWS)
+        out = torch.empty(full, dtype=torch.int64, device=lanes.device)
+        buf = torch.empty(min(block, full), ROW, dtype=torch.int64, device=lanes.device)
+        for i in range(0, full, block):
+            blk = grid[i : i + block]
+            b = buf[: blk.shape[0]]
+            torch.mul(blk, w, out=b)
+            torch.sum(b, 1, out=out[i : i + blk.shape[0]])
+        parts.append(out)
+    if rem:
+        parts.append((lanes[full * ROW :].to(torch.int64) * w[:rem]).sum().reshape(1))
+    if not parts:
+        return torch.empty(0, dtype=torch.int64, device=lanes.device)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class Pending:
+    """Device-side results of one fingerprint, not yet brought to the host."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    row_sums: torch.Tensor
+    stats: torch.Tensor | None  # [sum, sumsq, min, max] in float64, on device
+    numel: int
+
+
+def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
+    t = t.detach()
+    if t.numel() == 0:
+        return None
+    if t.is_complex():
+        t = t.abs()
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    x = t.reshape(-1)
+    if x.dtype.is_floating_point and x.dtype != torch.float64:
+        s = torch.sum(x, dtype=torch.float64)
+        sq = torch.linalg.vector_norm(x, dtype=torch.float64)
+    else:
+        x = x.to(torch.float64)
+        s = x.sum()
+        sq = torch.linalg.vector_norm(x)
+    mn, mx = torch.aminmax(x)
+    return torch.stack([s, sq, mn.to(torch.float64), mx.to(torch.float64)])
+
+
+def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
+    """Queue the fingerprint (and stats) of ``t`` on its own device; no host sync."""
+    t = t.detach()
+    sums = _row_sums(_lanes(t))
+    nbytes = t.numel() * t.element_size()
+    return Pending(
+        dtype=dtype_name(t.dtype),
+        shape=tuple(t.shape),
+        nbytes=nbytes,
+        row_sums=sums,
+        stats=_stats_tensor(t) if with_stats else None,
+        numel=t.numel(),
+    )
+
+
+def _json_float(x: float) -> float | str:
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def finish(p: Pending, source: torch.Tensor | None = None) -> tuple[str, dict[str, Any] | None]:
+    """Bring a pending fingerprint to the host: ``(fingerprint, stats)``.
+
+    NaN and Inf are counted only when the sum is not finite (a clean tensor costs no
+    extra pass); that needs ``source``, the tensor itself, still alive.
+    """
+    fp = finish_fingerprint(p.dtype, p.shape, p.nbytes, p.row_sums.cpu().numpy())
+    if p.stats is None:
+        if p.numel == 0:
+            return fp, {"norm": 0.0, "min": "nan", "max": "nan", "mean": "nan", "nan": 0, "inf": 0}
+        return fp, None
+    s, norm, mn, mx = p.stats.cpu().tolist()
+    nan = inf = 0
+    if not math.isfinite(s) and source is not None:
+        d = source.detach()
+        nan = int(torch.isnan(d).sum()) if d.is_floating_point() or d.is_complex() else 0
+        inf = int(torch.isinf(d).sum()) if d.is_floating_point() or d.is_complex() else 0
+    return fp, {
+        "norm": _json_float(norm),
+        "min": _json_float(mn),
+        "max": _json_float(mx),
+        "mean": _json_float(s / p.numel),
+        "nan": nan,
+        "inf": inf,
+    }
+
+
+def fingerprint(t: torch.Tensor) -> str:
+    """Exact-bit fingerprint of a torch tensor; equal to the NumPy one for the same bits."""
+    return finish(begin(t, with_stats=False))[0]
+
+
+def fingerprint_and_stats(t: torch.Tensor) -> tuple[str, dict[str, Any] | None]:
+    return finish(begin(t), source=t)

@@ -1,0 +1,245 @@
+"""Write a trace so that it can never read as complete unless it is.
+
+The manifest is written first with status ``incomplete``; steps are appended to
+``steps.jsonl`` one line per step; tensors and states go to safetensors files written by
+temp + fsync + rename. Sealing fsyncs everything, records the size and SHA-256 of every
+file, and replaces the manifest (temp + fsync + rename) with status ``complete`` or
+``failed``. A writer killed at any point leaves ``incomplete``. Opening a writer on an
+existing trace replaces it whole (a retried probe must not mix two attempts); anything
+else already at the path is refused, never deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from reprobisect import __version__
+from reprobisect.errors import TraceError
+from reprobisect.trace import shards
+from reprobisect.trace.format import KINDS, Manifest, Record, Step, shard_name, tensor_key
+
+__all__ = ["TraceWriter", "write_json_atomic"]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _clear_previous(path: Path) -> None:
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise TraceError(f"'{path}' exists and is not a trace folder; choose another output path")
+    if any(path.iterdir()) and not (path / "manifest.json").is_file():
+        raise TraceError(
+            f"'{path}' is a non-empty folder that is not a reprobisect trace; "
+            "choose another output path (nothing was deleted)"
+        )
+    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+class TraceWriter:
+    """Writes one trace; use as a context manager or call ``close``.
+
+    ``record`` appends a record to the current step in the order given (chain order is
+    the caller's job); passing ``array`` stores the full tensor for that step too.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        command: list[str] | None = None,
+        environment: Mapping[str, Any] | None = None,
+        policy: Mapping[str, Any] | None = None,
+        seed: Any = None,
+        revision: Mapping[str, Any] | None = None,
+        recorder: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        _clear_previous(self.path)
+        self.path.mkdir(parents=True)
+        self._manifest = Manifest(
+            status="incomplete",
+            command=list(command or []),
+            environment=dict(environment or {}),
+            policy=dict(policy or {}),
+            seed=seed,
+            revision=dict(revision) if revision else None,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            recorder={"name": "reprobisect", "version": __version__, **dict(recorder or {})},
+            extra=dict(extra or {}),
+        )
+        write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
+        _fsync_dir(self.path.parent)
+        self._steps_file = open(self.path / "steps.jsonl", "w")
+        self._files: dict[str, dict[str, Any]] = {}
+        self._step: int | None = None
+        self._records: list[Record] = []
+        self._keys: set[tuple[str, str]] = set()
+        self._arrays: dict[str, np.ndarray] = {}
+        self._steps_written = 0
+        self._last_step = -1
+        self._closed = False
+
+    # -- steps ---------------------------------------------------------------------
+
+    @property
+    def steps_written(self) -> int:
+        return self._steps_written
+
+    def begin_step(self, step: int) -> None:
+        if self._closed:
+            raise TraceError(f"trace '{self.path}' is already sealed")
+        if self._step is not None:
+            raise TraceError(f"step {self._step} of trace '{self.path}' was not ended before step {step}")
+        if step <= self._last_step:
+            raise TraceError(f"step {step} written after step {self._last_step}; steps must increase")
+        self._step = step
+        self._records = []
+        self._keys = set()
+        self._arrays = {}
+
+    def record(self, rec: Record, array: np.ndarray | None = None) -> Record:
+        if self._step is None:
+            raise TraceError("record() called outside begin_step()/end_step()")
+        if rec.kind not in KINDS:
+            raise TraceError(f"record '{rec.name}' has unknown kind '{rec.kind}' (one of {', '.join(KINDS)})")
+        if rec.key in self._keys:
+            raise TraceError(f"record {rec.kind} '{rec.name}' written twice in step {self._step}")
+        changes: dict[str, Any] = {"order": len(self._records)}
+        if array is not None:
+            self._arrays[tensor_key(rec.kind, rec.name)] = np.asarray(array)
+            changes["stored"] = True
+        rec = _replace(rec, **changes)
+        self._records.append(rec)
+        self._keys.add(rec.key)
+        return rec
+
+    def end_step(self, scalars: Mapping[str, Any] | None = None, batch_ids: list[Any] | None = None) -> None:
+        if self._step is None:
+            raise TraceError("end_step() called without begin_step()")
+        if self._arrays:
+            name = shard_name(self._step)
+            (self.path / "tensors").mkdir(exist_ok=True)
+            size, digest = shards.save(self._arrays, self.path / name)
+            self._files[name] = {"size": size, "sha256": digest}
+        step = Step(step=self._step, records=tuple(self._records), batch_ids=batch_ids, scalars=dict(scalars or {}))
+        self._steps_file.write(json.dumps(step.to_json(), separators=(",", ":"), allow_nan=False) + "\n")
+        self._steps_file.flush()
+        self._steps_written += 1
+        self._last_step = self._step
+        self._step = None
+        self._records, self._arrays = [], {}
+
+    # -- state ---------------------------------------------------------------------
+
+    def write_state(self, step: int, name: str, tensors: Mapping[str, np.ndarray], meta: Any) -> None:
+        """Store one stateful object's state at ``step``: tensors + JSON, never pickle."""
+        folder = self.path / "state" / f"step-{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        rel = f"state/step-{step}/{name}"
+        size, digest = shards.save(dict(tensors), folder / f"{name}.safetensors")
+        self._files[f"{rel}.safetensors"] = {"size": size, "sha256": digest}
+        write_json_atomic(folder / f"{name}.json", meta)
+        p = folder / f"{name}.json"
+        self._files[f"{rel}.json"] = {"size": p.stat().st_size, "sha256": _file_digest(p)}
+
+    # -- sealing -------------------------------------------------------------------
+
+    def close(
+        self,
+        status: str = "complete",
+        *,
+        outcome: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        environment: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Seal the trace: ``complete`` or ``failed`` (with the error). Idempotent."""
+        if self._closed:
+            return
+        if status not in ("complete", "failed"):
+            raise TraceError(f"a trace is sealed as 'complete' or 'failed', not '{status}'")
+        if self._step is not None:
+            status = "failed"
+            error = error or f"step {self._step} was begun but never ended"
+        self._steps_file.flush()
+        os.fsync(self._steps_file.fileno())
+        self._steps_file.close()
+        steps_path = self.path / "steps.jsonl"
+        self._files["steps.jsonl"] = {"size": steps_path.stat().st_size, "sha256": _file_digest(steps_path)}
+        env = dict(self._manifest.environment)
+        env.update(environment or {})
+        ext = dict(self._manifest.extra)
+        ext.update(extra or {})
+        self._manifest = _replace(
+            self._manifest,
+            status=status,
+            steps=self._steps_written,
+            outcome=dict(outcome) if outcome else None,
+            error=error,
+            environment=env,
+            extra=ext,
+            files=dict(sorted(self._files.items())),
+        )
+        for folder in (self.path / "tensors", self.path / "state"):
+            if folder.is_dir():
+                _fsync_dir(folder)
+        write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
+        _fsync_dir(self.path)
+        self._closed = True
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close("complete")
+        else:
+            self.close("failed", error=f"{exc_type.__name__}: {exc}")
+
+
+def _replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
