@@ -1,5 +1,5 @@
-# reprobisect with PyTorch (CPU). For CUDA, build FROM a pytorch/pytorch CUDA runtime image
-# instead and drop the torch install line: the `torch` extra accepts any torch >= 2.1.
+# reprobisect with PyTorch. The torch build (CPU or CUDA) is chosen by TORCH_PIP_ARGS;
+# the `torch` extra accepts any torch >= 2.1 and will not replace it.
 FROM python:3.11-slim
 
 RUN apt-get update \
@@ -11,7 +11,9 @@ COPY pyproject.toml README.md ./
 COPY reprobisect ./reprobisect
 COPY examples ./examples
 
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+# Pick the torch build at build time, e.g. --build-arg TORCH_PIP_ARGS="torch==2.13.0 --index-url <your CPU or CUDA index>"
+ARG TORCH_PIP_ARGS="torch"
+RUN pip install --no-cache-dir $TORCH_PIP_ARGS \
  && pip install --no-cache-dir ".[torch]"
 
 ENTRYPOINT ["bisect"]
