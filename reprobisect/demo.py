@@ -1,0 +1,360 @@
+"""``bisect demo``: a throwaway repository with a silent numerics change, bisected end to end.
+
+``build_demo_repo`` writes a small PyTorch project (an MLP classifier on generated data,
+the same shape as ``examples/mlp.py``) and commits ~20 realistic edits to it: comments,
+logging, a refactor, a new flag. One commit silently changes the numerics (a LayerNorm
+``eps`` moved into a config constant with a different value) and one commit does not
+import (a typo'd import, fixed in the next commit). ``run_demo`` then runs
+``bisect runs --check match`` on it and returns the answer: the culprit commit and the
+first divergence inside it.
+
+The generator is also what the tests of ``bisect runs`` use: ``DemoRepo`` says which
+commit is the culprit and which do not import, so a test can ask for a culprit next to a
+broken commit, or put it on a side branch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["DemoRepo", "build_demo_repo", "run_demo", "DEMO_COMMAND", "TRAIN_PY"]
+
+DEMO_COMMAND = ("python", "train.py", "--steps", "20", "--seed", "0")
+"""The command the demo bisects (the probe stops it after ``--steps`` of the search)."""
+
+TRAIN_PY = '''"""Train a small MLP classifier on generated data."""
+
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from model import MLP
+
+
+def make_data(n=512, dim=32, classes=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    w = torch.randn(dim, classes, generator=g)
+    y = (x @ w).argmax(1)
+    return TensorDataset(x, y)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+
+    torch.manual_seed(args.seed)
+    data = make_data(seed=args.seed)
+    loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(args.seed))
+    model = MLP(32, 64, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    step = 0
+    while step < args.steps:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            step += 1
+            if step >= args.steps:
+                break
+    print(f"final loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+MODEL_PY = '''"""The model: a small MLP with LayerNorm."""
+
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, dim, hidden, classes):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden),
+            nn.LayerNorm(hidden, eps=1e-5),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+'''
+
+README_MD = """# tiny-mlp
+
+A small MLP classifier on generated data.
+"""
+
+Edit = Callable[[Path], None]
+
+
+def _sub(rel: str, old: str, new: str, count: int = 1) -> Edit:
+    def edit(root: Path) -> None:
+        p = root / rel
+        text = p.read_text()
+        if old not in text:
+            raise RuntimeError(f"demo edit: {old!r} not in {rel}")
+        p.write_text(text.replace(old, new, count))
+
+    return edit
+
+
+def _append(rel: str, text: str) -> Edit:
+    def edit(root: Path) -> None:
+        p = root / rel
+        p.write_text((p.read_text() if p.exists() else "") + text)
+
+    return edit
+
+
+def _write(rel: str, text: str) -> Edit:
+    def edit(root: Path) -> None:
+        (root / rel).write_text(text)
+
+    return edit
+
+
+# (subject, edit, kind) — kind: "" neutral, "culprit" changes numerics, "broken" does not import,
+# "fix" repairs the broken import. Neutral edits never change what the script computes.
+_NEUTRAL: list[tuple[str, Edit]] = [
+    ("docs: usage section in README", _append("README.md", "\n## Usage\n\n    python train.py --steps 200\n")),
+    ("train: comment the data generator", _sub("train.py", "def make_data(", "# Labels come from a random linear map, so the task is learnable.\ndef make_data(")),
+    ("train: log the loss every 10 steps", _sub("train.py", "            step += 1\n", "            step += 1\n            if step % 10 == 0:\n                print(f\"step {step} loss {loss.item():.4f}\")\n")),
+    ("model: docstring for MLP", _sub("model.py", "class MLP(nn.Module):\n", "class MLP(nn.Module):\n    \"\"\"Linear -> LayerNorm -> GELU -> Linear -> GELU -> Linear.\"\"\"\n\n")),
+    ("train: --batch-size flag (default unchanged)", _sub("train.py", '    p.add_argument("--lr", type=float, default=1e-3)\n', '    p.add_argument("--lr", type=float, default=1e-3)\n    p.add_argument("--batch-size", type=int, default=64)\n')),
+    ("train: use --batch-size", _sub("train.py", "batch_size=64", "batch_size=args.batch_size")),
+    ("gitignore: checkpoints and logs", _write(".gitignore", "*.pt\nlogs/\n__pycache__/\n")),
+    ("train: rename loss_fn to criterion", _sub("train.py", "loss_fn", "criterion", count=2)),
+    ("docs: describe the model", _append("README.md", "\nThe model is Linear -> LayerNorm -> GELU -> Linear -> GELU -> Linear.\n")),
+    ("train: print the parameter count", _sub("train.py", "    opt = torch.optim.Adam(", "    print(f\"{sum(p.numel() for p in model.parameters())} parameters\")\n    opt = torch.optim.Adam(")),
+    ("model: type hints", _sub("model.py", "def forward(self, x):", "def forward(self, x: \"torch.Tensor\") -> \"torch.Tensor\":")),
+    ("train: comment the optimizer choice", _sub("train.py", "    opt = torch.optim.Adam(", "    # Adam with default betas; the lr is the only knob we tune.\n    opt = torch.optim.Adam(")),
+    ("docs: changelog", _write("CHANGELOG.md", "# Changelog\n\n- batch size flag\n- loss logging\n")),
+    ("train: --hidden flag (default unchanged)", _sub("train.py", '    p.add_argument("--seed", type=int, default=0)\n', '    p.add_argument("--seed", type=int, default=0)\n    p.add_argument("--hidden", type=int, default=64)\n')),
+    ("train: use --hidden", _sub("train.py", "MLP(32, 64, 4)", "MLP(32, args.hidden, 4)")),
+    ("train: report the final accuracy on the last batch", _sub("train.py", '    print(f"final loss', '    print(f"last-batch accuracy {(model(x).argmax(1) == y).float().mean().item():.3f}")\n    print(f"final loss')),
+    ("docs: note on determinism", _append("README.md", "\nRuns are deterministic on CPU for a fixed --seed.\n")),
+    ("model: comment the head", _sub("model.py", "            nn.Linear(hidden, classes),\n", "            nn.Linear(hidden, classes),  # logits\n")),
+    ("train: tidy imports", _sub("train.py", "import argparse\n", "import argparse\nimport sys  # noqa: F401 (kept for --help on old pythons)\n")),
+]
+
+_CULPRIT: tuple[str, Edit] = (
+    "model: hoist the LayerNorm eps into a module constant",
+    lambda root: (
+        _sub("model.py", "from torch import nn\n", "from torch import nn\n\nNORM_EPS = 1e-6  # shared by every norm layer\n")(root),
+        _sub("model.py", "nn.LayerNorm(hidden, eps=1e-5)", "nn.LayerNorm(hidden, eps=NORM_EPS)")(root),
+    ),
+)
+_BROKEN: tuple[str, Edit] = (
+    "model: import init helpers",
+    _sub("model.py", "from torch import nn\n", "from torch import nn\nfrom torch.nn import intit  # noqa: F401\n"),
+)
+_FIX: tuple[str, Edit] = (
+    "model: fix the typo'd import",
+    _sub("model.py", "from torch.nn import intit  # noqa: F401\n", ""),
+)
+
+
+@dataclass(frozen=True)
+class DemoRepo:
+    """A generated repository and what the tests need to know about it."""
+
+    path: Path
+    commits: tuple[str, ...]
+    """Every commit on main, oldest first (the first is the known-good root)."""
+    subjects: tuple[str, ...]
+    culprit: str
+    """The commit that silently changes the numerics."""
+    broken: tuple[str, ...]
+    """Commits whose code does not import (probes skip them)."""
+    good: str
+    bad: str
+    command: tuple[str, ...] = DEMO_COMMAND
+    branch_commits: tuple[str, ...] = field(default=())
+    """Commits made on a side branch (when ``culprit_on_branch``)."""
+
+
+def _git(root: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=e)
+    if r.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {root}: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+_AUTHORS = [("Ada Park", "ada@example.com"), ("Ben Ortiz", "ben@example.com"), ("Chen Wu", "chen@example.com")]
+
+
+def build_demo_repo(
+    path: str | os.PathLike,
+    *,
+    n_commits: int = 20,
+    culprit_at: int = 13,
+    broken_at: int | None = 6,
+    broken_fixed: bool = True,
+    culprit_on_branch: bool = False,
+    subdir: str = ".",
+) -> DemoRepo:
+    """Create the demo repository at ``path`` (a new or empty folder); returns its layout.
+
+    ``n_commits`` counts commits after the root; commit ``culprit_at`` (1-based) changes
+    the numerics; commit ``broken_at`` (None: none) does not import and, with
+    ``broken_fixed``, the next commit fixes it (else every commit after it stays broken
+    until... never: use it only next to the culprit). With ``culprit_on_branch`` the
+    culprit and two neutral commits are made on a side branch that is merged back with
+    ``--no-ff``. ``subdir`` puts the project in a subfolder of the repository.
+    """
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        raise FileExistsError(f"{root} is not empty")
+    proj = root / subdir
+    proj.mkdir(parents=True, exist_ok=True)
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "config", "user.name", "Demo")
+    _git(root, "config", "user.email", "demo@example.com")
+    _git(root, "config", "commit.gpgsign", "false")
+    (proj / "train.py").write_text(TRAIN_PY)
+    (proj / "model.py").write_text(MODEL_PY)
+    (proj / "README.md").write_text(README_MD)
+
+    clock = [1_700_000_000]
+
+    def commit(subject: str) -> str:
+        clock[0] += 3600 * 7
+        name, email = _AUTHORS[len(subjects) % len(_AUTHORS)]
+        date = f"@{clock[0]} +0000"
+        env = {
+            "GIT_AUTHOR_NAME": name,
+            "GIT_AUTHOR_EMAIL": email,
+            "GIT_AUTHOR_DATE": date,
+            "GIT_COMMITTER_NAME": name,
+            "GIT_COMMITTER_EMAIL": email,
+            "GIT_COMMITTER_DATE": date,
+        }
+        _git(root, "add", "-A", env=env)
+        _git(root, "commit", "-q", "-m", subject, env=env)
+        h = _git(root, "rev-parse", "HEAD")
+        subjects.append(subject)
+        return h
+
+    subjects: list[str] = []
+    commits = [commit("initial: MLP classifier on generated data")]
+    plan: list[tuple[str, Edit, str]] = []
+    neutral = iter(_NEUTRAL * 4)
+    i = 1
+    while i <= n_commits:
+        if i == culprit_at:
+            plan.append((*_CULPRIT, "culprit"))
+        elif broken_at is not None and i == broken_at:
+            plan.append((*_BROKEN, "broken"))
+        elif broken_at is not None and broken_fixed and i == broken_at + 1:
+            plan.append((*_FIX, "fix"))
+        else:
+            s, e = next(neutral)
+            plan.append((s, e, ""))
+        i += 1
+
+    culprit = ""
+    broken: list[str] = []
+    branch_commits: list[str] = []
+    open_broken = False
+    for idx, (subject, edit, kind) in enumerate(plan, 1):
+        if culprit_on_branch and kind == "culprit":
+            _git(root, "checkout", "-q", "-b", "feature")
+            edit(proj)
+            culprit = commit(subject)
+            branch_commits.append(culprit)
+            s, e = next(neutral)
+            e(proj)
+            branch_commits.append(commit(s))
+            _git(root, "checkout", "-q", "main")
+            s, e = next(neutral)
+            e(proj)
+            commits.append(commit(s))
+            clock[0] += 3600
+            _git(root, "merge", "-q", "--no-ff", "-m", "Merge branch 'feature'", "feature",
+                 env={"GIT_AUTHOR_DATE": f"@{clock[0]} +0000", "GIT_COMMITTER_DATE": f"@{clock[0]} +0000"})
+            subjects.append("Merge branch 'feature'")
+            commits.append(_git(root, "rev-parse", "HEAD"))
+            continue
+        edit(proj)
+        h = commit(subject)
+        commits.append(h)
+        if kind == "culprit":
+            culprit = h
+        if kind == "broken":
+            open_broken = True
+        if kind == "fix":
+            open_broken = False
+        if open_broken:
+            broken.append(h)
+    return DemoRepo(
+        path=root,
+        commits=tuple(commits),
+        subjects=tuple(subjects),
+        culprit=culprit,
+        broken=tuple(broken),
+        good=commits[0],
+        bad=commits[-1],
+        branch_commits=tuple(branch_commits),
+    )
+
+
+def run_demo(
+    directory: str | os.PathLike | None = None,
+    *,
+    jobs: int = 1,
+    quiet: bool = False,
+    keep: bool = False,
+    progress: Any = None,
+) -> tuple[DemoRepo, Any]:
+    """Build the demo repository (in ``directory`` or a tmp dir) and bisect it.
+
+    Returns ``(DemoRepo, RunsResult)``. The tmp dir is removed afterwards unless ``keep``
+    or ``directory`` was given.
+    """
+    from reprobisect.runs import RunsConfig, find_first_bad
+
+    tmp = None
+    if directory is None:
+        tmp = tempfile.mkdtemp(prefix="reprobisect-demo-")
+        directory = Path(tmp) / "tiny-mlp"
+    try:
+        repo = build_demo_repo(directory)
+        config = RunsConfig(
+            repo=str(repo.path),
+            good=repo.good,
+            bad=repo.bad,
+            command=repo.command,
+            check="match",
+            jobs=jobs,
+            steps=3,
+            quiet=quiet,
+        )
+        result = find_first_bad(config, progress=progress)
+        return repo, result
+    finally:
+        if tmp is not None and not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
