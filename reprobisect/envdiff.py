@@ -1,26 +1,130 @@
 """Differences between two environment records, split into numerics-relevant and info.
 
-(Signatures first; implementation follows.)
+The environment record (``reprobisect.runners.environment.collect_environment``) is a
+nested dict grouped by source. ``diff_environments`` flattens both sides to dotted key
+paths (``determinism.cudnn_benchmark``, ``packages.torch.version``) and returns one
+``EnvChange`` per path whose value differs, present on one side only included.
+
+Every change is marked:
+
+``numerics``  can change the numbers a run produces: package versions, torch/TF settings
+              (dtype, autocast, compile mode, thread counts, CUDA/cuDNN, devices),
+              determinism flags, numerics env vars, data hashes, the code revision.
+``info``      worth showing but not a cause by itself: host name and platform, package
+              import paths, interpreter path, cwd, git branch/root, argv.
+
+Nothing is silently dropped: the record holds no timestamps or pids, so there is no
+key that always differs. A host difference is shown (it often explains the rest, e.g.
+another CPU), but as ``info``, after the numerics changes. Lists (devices) compare whole.
+Pure: no framework import, no I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping
 
-__all__ = ["EnvChange", "diff_environments"]
+__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "diff_environments", "format_changes"]
+
+ABSENT = "(absent)"
+"""The value shown for a key present on one side only."""
+
+INFO_PATHS = (
+    "host",
+    "cwd",
+    "python.executable",
+    "python.prefix",
+    "python.argv",
+    "git.root",
+    "git.branch",
+    "packages.*.path",
+    "torch.devices.*.memory_gib",
+    "recorder",
+)
+"""Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
 
 
 @dataclass(frozen=True)
 class EnvChange:
-    """One key whose value differs between environment ``a`` and ``b``."""
+    """One key path whose value differs between environment ``a`` and environment ``b``."""
 
     path: str
+    """Dotted key path, e.g. ``determinism.cudnn_benchmark``."""
     a: Any
+    """The value on side a (``ABSENT`` when the key is missing there)."""
     b: Any
-    category: str  # 'numerics' or 'info'
+    """The value on side b (``ABSENT`` when the key is missing there)."""
+    category: str
+    """``numerics`` (can change results) or ``info`` (context only)."""
+
+    @property
+    def numerics(self) -> bool:
+        return self.category == "numerics"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {_show(self.a)} -> {_show(self.b)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def diff_environments(a: dict, b: dict) -> list[EnvChange]:
-    """The changes from ``a`` to ``b``, numerics-relevant first."""
-    raise NotImplementedError
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return v if v == ABSENT else repr(v)
+    return repr(v) if not isinstance(v, (list, dict)) else _short(v)
+
+
+def _short(v: Any, limit: int = 120) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, Mapping) and d:
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            out.update(_flatten(v, key))
+    elif prefix:
+        out[prefix] = d
+    return out
+
+
+def _matches(path: str, pattern: str) -> bool:
+    parts, pat = path.split("."), pattern.split(".")
+    if len(parts) < len(pat):
+        return False
+    return all(p == "*" or p == q for p, q in zip(pat, parts))
+
+
+def category_of(path: str, info_paths: Iterable[str] = INFO_PATHS) -> str:
+    """``info`` when ``path`` falls under one of ``info_paths``, else ``numerics``."""
+    return "info" if any(_matches(path, p) for p in info_paths) else "numerics"
+
+
+def diff_environments(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[EnvChange]:
+    """The changes from ``a`` to ``b``: numerics changes first, then info, each in key order."""
+    fa, fb = _flatten(a or {}), _flatten(b or {})
+    changes = []
+    for path in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(path, ABSENT), fb.get(path, ABSENT)
+        if va == vb and (path in fa) == (path in fb):
+            continue
+        changes.append(EnvChange(path=path, a=va, b=vb, category=category_of(path)))
+    changes.sort(key=lambda c: c.category != "numerics")
+    return changes
+
+
+def format_changes(changes: Iterable[EnvChange], *, include_info: bool = True) -> str:
+    """Text block: numerics changes, then info changes; empty string when there are none."""
+    changes = list(changes)
+    lines = []
+    num = [c for c in changes if c.numerics]
+    info = [c for c in changes if not c.numerics]
+    if num:
+        lines.append("environment differences that can change numerics:")
+        lines += [f"  {c}" for c in num]
+    if info and include_info:
+        lines.append("other environment differences:")
+        lines += [f"  {c}" for c in info]
+    return "\n".join(lines)

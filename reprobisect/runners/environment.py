@@ -1,15 +1,416 @@
 """The environment record of a run, collected inside the user's process.
 
-(Signatures first; implementation follows.)
+``collect_environment()`` runs in the process being recorded (the launcher calls it once
+the script has imported its framework, and again when sealing). It records what the
+debugging guide says to record — command, revision, Python and framework versions,
+imported package paths, device, dtype, precision, execution mode — grouped so that a
+diff reads well (``reprobisect.envdiff``):
+
+``python``       version, implementation, executable, argv
+``packages``     version + import path of every relevant package *already imported*
+``torch``        CUDA/cuDNN versions, visible devices (name, capability), default dtype,
+                 autocast state (cpu, cuda), compile/dynamo state, thread counts
+``determinism``  deterministic algorithms (+ warn_only), cuDNN benchmark/deterministic/
+                 enabled, TF32 (old flags, float32 matmul precision, new fp32_precision)
+``tensorflow``   op determinism, devices, Keras version and backend (only when imported)
+``env_vars``     variables that change numerics (set ones only; absent = unset)
+``git``          revision + dirty flag of the repository around the cwd (null outside git)
+``host``         host name, platform, machine, CPU model, CPU count
+``data``         DVC hashes from dvc.lock and ``*.dvc`` files in the repository root
+
+It is cheap (a few ms with torch imported; the git subprocesses dominate) and it never
+imports a framework that is not in ``sys.modules`` already, so recording a torch script
+never drags TensorFlow in. Every probe is best effort: a failing probe records
+``{"error": "..."}`` under its key rather than failing the run.
+
+What ``torch.compile`` detection can see: ``torch.compiler.is_compiling()`` (true only
+while tracing), and ``torch._dynamo``'s global counters (frames compiled so far). A
+compiled model that has not run yet, or one compiled in another process, reads as eager.
 """
 
 from __future__ import annotations
 
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-__all__ = ["collect_environment"]
+__all__ = ["collect_environment", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
+
+PACKAGES = (
+    "torch",
+    "numpy",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "tensorflow",
+    "keras",
+    "jax",
+    "jaxlib",
+    "flax",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "timm",
+    "torchvision",
+    "torchaudio",
+    "triton",
+    "apex",
+    "xformers",
+    "flash_attn",
+    "ml_dtypes",
+    "scipy",
+    "sklearn",
+    "datasets",
+    "safetensors",
+)
+"""Packages whose version and import path are recorded when they are imported."""
+
+NUMERICS_ENV_VARS = (
+    "CUBLAS_WORKSPACE_CONFIG",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "NVIDIA_TF32_OVERRIDE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_DETERMINISTIC_OPS",
+    "TF_CUDNN_DETERMINISTIC",
+    "TF_ENABLE_AUTO_MIXED_PRECISION",
+    "XLA_FLAGS",
+    "KERAS_BACKEND",
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "ATEN_CPU_CAPABILITY",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "HIP_VISIBLE_DEVICES",
+)
+"""Environment variables recorded when set: each can change numerics or device placement."""
+
+NUMERICS_ENV_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDNN_", "CUBLAS", "NCCL_")
+"""Prefixes of further variables recorded when set (torch, inductor, cuDNN, cuBLAS, NCCL knobs)."""
+
+_NOT_NUMERICS = re.compile(r"CACHE|HOME|LOG|DEBUG|TRACE|DIR$")  # paths and logging knobs
+_GIT_TIMEOUT = 2.0
+
+
+def _guard(fn, *args) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:  # a probe must never fail the run it records
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _python() -> dict[str, Any]:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "argv": list(sys.argv),
+    }
+
+
+def _packages() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in PACKAGES:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        version = getattr(mod, "__version__", None)
+        if version is None:
+            try:
+                from importlib.metadata import version as _v
+
+                version = _v(name)
+            except Exception:
+                version = None
+        out[name] = {"version": str(version) if version is not None else None, "path": getattr(mod, "__file__", None)}
+    return out
+
+
+def _torch(torch) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": getattr(torch.version, "cuda", None),
+        "hip": getattr(torch.version, "hip", None),
+        "git": getattr(torch.version, "git_version", None),
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "num_threads": torch.get_num_threads(),
+        "num_interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": _guard(lambda: torch.backends.cpu.get_cpu_capability()),
+        "mkldnn": _guard(lambda: bool(torch.backends.mkldnn.is_available())),
+    }
+    info["autocast"] = _guard(_autocast, torch)
+    info["compile"] = _guard(_compile_state, torch)
+    info["devices"] = _guard(_cuda_devices, torch)
+    info["cudnn"] = _guard(lambda: torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+    return info
+
+
+def _autocast(torch) -> dict[str, Any]:
+    out = {}
+    for dev in ("cpu", "cuda"):
+        try:
+            enabled = bool(torch.is_autocast_enabled(dev))
+            dtype = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        except Exception:  # older torch: per-device helpers
+            if dev == "cpu":
+                enabled = bool(torch.is_autocast_cpu_enabled())
+                dtype = str(torch.get_autocast_cpu_dtype()).replace("torch.", "")
+            else:
+                enabled = bool(torch.is_autocast_enabled())
+                dtype = str(torch.get_autocast_gpu_dtype()).replace("torch.", "")
+        out[dev] = {"enabled": enabled, "dtype": dtype}
+    return out
+
+
+def _compile_state(torch) -> dict[str, Any]:
+    out: dict[str, Any] = {"compiling": False, "frames_compiled": 0}
+    try:
+        out["compiling"] = bool(torch.compiler.is_compiling())
+    except Exception:
+        pass
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is not None:
+        try:
+            frames = dynamo.counters.get("frames", {})
+            out["frames_compiled"] = int(frames.get("ok", 0))
+        except Exception:
+            pass
+    out["mode"] = "compiled" if out["compiling"] or out["frames_compiled"] else "eager"
+    return out
+
+
+def _cuda_devices(torch) -> list[dict[str, Any]]:
+    # torch.cuda.is_available() does not initialise CUDA; device_count() neither.
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devices.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+            }
+        )
+    return devices
+
+
+def _determinism(torch) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
+        "cudnn_enabled": bool(torch.backends.cudnn.enabled),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    # TF32: the legacy flags, and the fp32_precision settings that replace them (torch >= 2.9).
+    # Reading a legacy flag after a new-style setting can warn; both are read quietly.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out["cuda_matmul_allow_tf32"] = _guard(lambda: bool(torch.backends.cuda.matmul.allow_tf32))
+        out["cudnn_allow_tf32"] = _guard(lambda: bool(torch.backends.cudnn.allow_tf32))
+        out["cuda_matmul_allow_fp16_reduced_precision_reduction"] = _guard(
+            lambda: bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+        )
+        out["cuda_matmul_allow_bf16_reduced_precision_reduction"] = _guard(
+            lambda: bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+        )
+        fp32: dict[str, Any] = {}
+        for label, obj in (
+            ("global", torch.backends),
+            ("cuda.matmul", getattr(torch.backends.cuda, "matmul", None)),
+            ("cudnn", torch.backends.cudnn),
+            ("cudnn.conv", getattr(torch.backends.cudnn, "conv", None)),
+            ("cudnn.rnn", getattr(torch.backends.cudnn, "rnn", None)),
+            ("mkldnn", getattr(torch.backends, "mkldnn", None)),
+            ("mkldnn.matmul", getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)),
+            ("mkldnn.conv", getattr(getattr(torch.backends, "mkldnn", None), "conv", None)),
+        ):
+            try:
+                value = getattr(obj, "fp32_precision")
+            except Exception:
+                continue
+            fp32[label] = str(value)
+        if fp32:
+            out["fp32_precision"] = fp32
+    return out
+
+
+def _tensorflow(tf) -> dict[str, Any]:
+    out: dict[str, Any] = {"version": getattr(tf, "__version__", None)}
+    cfg = tf.config
+    out["op_determinism"] = _guard(lambda: bool(cfg.experimental.is_op_determinism_enabled()))
+    out["devices"] = _guard(lambda: [d.name for d in cfg.list_logical_devices()])
+    out["tf32"] = _guard(lambda: bool(cfg.experimental.tensor_float_32_execution_enabled()))
+    out["run_functions_eagerly"] = _guard(lambda: bool(cfg.functions_run_eagerly()))
+    out["intra_op_threads"] = _guard(lambda: cfg.threading.get_intra_op_parallelism_threads())
+    out["inter_op_threads"] = _guard(lambda: cfg.threading.get_inter_op_parallelism_threads())
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        out["keras"] = _guard(_keras, keras)
+    return out
+
+
+def _keras(keras) -> dict[str, Any]:
+    out: dict[str, Any] = {"version": getattr(keras, "__version__", None)}
+    backend = getattr(keras, "backend", None)
+    out["backend"] = _guard(lambda: backend.backend()) if backend is not None else None
+    out["floatx"] = _guard(lambda: backend.floatx()) if backend is not None else None
+    policy = _guard(lambda: keras.mixed_precision.global_policy().name)
+    out["mixed_precision_policy"] = policy
+    return out
+
+
+def _env_vars() -> dict[str, str]:
+    out = {k: os.environ[k] for k in NUMERICS_ENV_VARS if k in os.environ}
+    for k, v in os.environ.items():
+        if k.startswith(NUMERICS_ENV_PREFIXES) and not _NOT_NUMERICS.search(k):
+            out.setdefault(k, v)
+    return dict(sorted(out.items()))
+
+
+def _run_git(args: list[str], cwd: str) -> str | None:
+    try:
+        r = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _git(cwd: str) -> dict[str, Any] | None:
+    root = _run_git(["rev-parse", "--show-toplevel"], cwd)
+    if root is None:
+        return None
+    commit = _run_git(["rev-parse", "--verify", "-q", "HEAD"], cwd)
+    status = _run_git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    branch = _run_git(["symbolic-ref", "-q", "--short", "HEAD"], cwd)
+    return {
+        "root": root,
+        "commit": commit or None,
+        "branch": branch or None,
+        "dirty": None if status is None else bool(status),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _host() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
+
+
+_MD5 = re.compile(r"^\s*-?\s*(md5|hash|etag|checksum)\s*:\s*(\S+)", re.M)
+_PATH = re.compile(r"^\s*-?\s*path\s*:\s*(\S+)", re.M)
+
+
+def _dvc_file(p: Path) -> Any:
+    """Hashes from a DVC file, read as YAML when PyYAML is there, else by regex."""
+    text = p.read_text()
+    try:
+        import yaml  # a core dependency; no dvc import
+
+        data = yaml.safe_load(text)
+    except Exception:
+        return sorted(m.group(2) for m in _MD5.finditer(text))
+    hashes: dict[str, str] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            path = node.get("path")
+            h = node.get("md5") or node.get("hash") or node.get("etag") or node.get("checksum")
+            if isinstance(path, str) and isinstance(h, str):
+                hashes[path] = h
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(data)
+    return dict(sorted(hashes.items()))
+
+
+def _data(root: str | None) -> dict[str, Any] | None:
+    if root is None:
+        return None
+    base = Path(root)
+    files = sorted(base.glob("*.dvc"))
+    if (base / "dvc.lock").is_file():
+        files.insert(0, base / "dvc.lock")
+    if not files:
+        return None
+    return {"dvc": {p.name: _guard(_dvc_file, p) for p in files}}
 
 
 def collect_environment(extra: dict | None = None) -> dict[str, Any]:
-    """Everything about this process that can change numerics, grouped for a readable diff."""
-    raise NotImplementedError
+    """Everything about this process that can change numerics, grouped for a readable diff.
+
+    ``extra`` is merged in last (top-level keys), for what only the caller knows (the
+    device and dtype a runner chose, the capture policy). Never imports a framework.
+    """
+    cwd = os.getcwd()
+    env: dict[str, Any] = {
+        "python": _python(),
+        "packages": _packages(),
+        "env_vars": _env_vars(),
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "backends"):
+        env["torch"] = _guard(_torch, torch)
+        env["determinism"] = _guard(_determinism, torch)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and hasattr(tf, "config"):
+        env["tensorflow"] = _guard(_tensorflow, tf)
+    env["git"] = _guard(_git, cwd)
+    root = env["git"].get("root") if isinstance(env["git"], dict) else None
+    env["data"] = _guard(_data, root or cwd)
+    env["host"] = _host()
+    env["cwd"] = cwd
+    if extra:
+        env.update(extra)
+    return env
