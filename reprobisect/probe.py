@@ -44,6 +44,9 @@ __all__ = [
     "run_in_dir",
     "classify",
     "run_with_retry",
+    "retry_once",
+    "compare_traces",
+    "as_tolerance",
     "kill_all_running",
     "TAIL_BYTES",
     "KILL_GRACE_S",
@@ -380,16 +383,33 @@ def _trace_path(x: Any) -> str | None:
     return str(x)
 
 
+def as_tolerance(tolerance: Any) -> Any:
+    """A ``reprobisect.compare.Tolerance`` from None (auto), 'bitwise', 'default',
+    {'atol', 'rtol'} (explicit) or a ``Tolerance`` itself."""
+    from reprobisect.compare import Tolerance
+
+    if tolerance is None or isinstance(tolerance, Tolerance):
+        return tolerance
+    if isinstance(tolerance, str):
+        return Tolerance(mode=tolerance)
+    if isinstance(tolerance, dict):
+        return Tolerance(mode="explicit", atol=tolerance.get("atol"), rtol=tolerance.get("rtol"))
+    raise UsageError(f"tolerance {tolerance!r} is not 'bitwise', 'default' or atol/rtol")
+
+
 def compare_traces(a: Any, b: Any, tolerance: Any = None) -> Any:
-    """Compare two traces (paths, ``Trace`` objects or ``ProbeResult``s) with reprobisect.compare."""
-    from reprobisect import compare as _compare
+    """Compare two traces (paths, ``Trace`` objects or ``ProbeResult``s): a ``Comparison``.
+
+    ``tolerance`` as ``as_tolerance`` takes it. Incomplete traces are read up to their
+    last whole step (a probe stopped at its step limit is complete; one that crashed is
+    compared as far as it got).
+    """
+    from reprobisect.compare import compare_paths
 
     pa, pb = _trace_path(a), _trace_path(b)
-    fn = getattr(_compare, "compare_traces", None) or getattr(_compare, "compare")
-    kwargs = {}
-    if tolerance is not None:
-        kwargs["tolerance"] = tolerance
-    return fn(pa, pb, **kwargs)
+    if pa is None or pb is None:
+        raise ProbeError("a probe left no trace to compare")
+    return compare_paths(pa, pb, tolerance=as_tolerance(tolerance), allow_incomplete=True)
 
 
 def _nonfinite_in(trace_dir: str) -> str | None:
@@ -482,3 +502,15 @@ def run_with_retry(executor: Executor, spec: ProbeSpec, retries: int = 1) -> Pro
         spec = replace(spec, attempt=spec.attempt + 1)
         res = executor.submit(spec).result()
     return res
+
+
+def retry_once(executor: Executor, result: ProbeResult) -> ProbeResult:
+    """``result`` itself, or a second attempt when it ended ``timeout`` / ``infra``.
+
+    For callers that submitted several probes at once and retry the failed ones after.
+    """
+    from dataclasses import replace
+
+    if result.outcome.status not in ("timeout", "infra"):
+        return result
+    return executor.submit(replace(result.spec, attempt=result.spec.attempt + 1)).result()

@@ -1,0 +1,40 @@
+"""``bisect probe``: probe the current checkout once, for ``git bisect run``.
+
+Exit 0 good, 1 bad, 125 skip (git bisect's convention); 2 for bad input. The probe runs
+in place: git bisect has already checked the commit out, so no worktree is made.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.options import ProbeOptions, probe_options, split_command
+
+__all__ = ["command"]
+
+
+@click.command(
+    name="probe",
+    context_settings={"ignore_unknown_options": False},
+    epilog="Example: git bisect run bisect probe --reference good-trace -- python train.py",
+)
+@click.option("--reference", type=click.Path(), default=None, help="Trace of the good run (for --check match).")
+@click.option("--check", type=click.Choice(["match", "repro", "finite"]), default=None,
+              help="Predicate: match the reference, two runs agree, or no NaN/Inf [default: match].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@probe_options
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(options: ProbeOptions, reference: str | None, check: str | None, as_json: bool, cmd: tuple[str, ...]) -> int:
+    """Probe the current checkout once: exit 0 good, 1 bad, 125 skip."""
+    from reprobisect.repro import probe_checkout
+
+    report = probe_checkout(split_command(cmd), options, check=check, reference=reference)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        r = report.result
+        where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
+        click.echo(f"{report.verdict.verdict}{where}: {report.verdict.reason}")
+    return report.exit_code

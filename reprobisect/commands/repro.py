@@ -1,0 +1,30 @@
+"""``bisect repro``: run one command N times and name the first nondeterministic tensor.
+
+Exit 0 when every run is identical to the first (under the tolerance, bitwise by
+default), 1 when not, 2 for bad input or runs that produced nothing to compare.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.options import ProbeOptions, probe_options, split_command
+
+__all__ = ["command"]
+
+
+@click.command(name="repro", epilog="Example: bisect repro --runs 2 -- python train.py --epochs 1")
+@click.option("--runs", type=int, default=2, show_default=True, help="How many runs to compare.")
+@click.option("--hashseed-differ", is_flag=True, help="Give each run a different PYTHONHASHSEED (exposes set-order bugs).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@probe_options
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(options: ProbeOptions, runs: int, hashseed_differ: bool, as_json: bool, cmd: tuple[str, ...]) -> int:
+    """Run the same command several times and compare: identical, or the first nondeterministic tensor."""
+    from reprobisect.repro import render_repro, run_repro
+
+    result = run_repro(split_command(cmd), options, runs=runs, hashseed_differ=hashseed_differ)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_repro(result))
+    return 0 if result else 1

@@ -1,0 +1,258 @@
+"""The library behind ``bisect probe`` and ``bisect repro``.
+
+``probe_checkout`` probes the current checkout in place (as ``git bisect run`` has it:
+git already checked the commit out, so no worktree) and judges it with one predicate,
+giving git bisect's exit codes. ``run_repro`` runs the same command N times in the
+user's folder (in parallel when the executor has several jobs) and compares every run to
+the first: identical, or the first nondeterministic tensor.
+
+Both return frozen result values (truthy when they pass, ``to_json()``); the commands
+only render them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprobisect.errors import ProbeError, UsageError
+from reprobisect.executors.base import ProbeResult, ProbeSpec
+from reprobisect.options import ProbeOptions
+from reprobisect.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
+
+__all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "render_repro", "result_json", "spec_for", "render_comparison"]
+
+
+def result_json(r: ProbeResult) -> dict[str, Any]:
+    """A ``ProbeResult`` as JSON (spec key + argv, outcome, trace, commit, host)."""
+    return {
+        "key": r.spec.key,
+        "argv": list(r.spec.argv),
+        "env": dict(r.spec.env),
+        "python": r.spec.python,
+        "outcome": r.outcome.to_json(),
+        "trace": r.trace_dir,
+        "commit": r.commit_ran,
+        "host": r.host,
+    }
+
+
+def render_comparison(comp: Any) -> str:
+    """Text for a comparison: ``reprobisect.render`` when it is there, else ``str``."""
+    try:
+        from reprobisect import render
+    except ImportError:
+        return str(comp)
+    for name in ("render_comparison", "render_text", "render"):
+        fn = getattr(render, name, None)
+        if callable(fn):
+            try:
+                return str(fn(comp))
+            except TypeError:
+                continue
+    return str(comp)
+
+
+def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str | os.PathLike | None = None,
+             env: dict[str, str] | None = None, python: str | None = None) -> ProbeSpec:
+    """A ``ProbeSpec`` running ``argv`` in ``workdir`` (default: the current folder) as is."""
+    return ProbeSpec(
+        key=key,
+        argv=tuple(argv),
+        workdir=str(Path(workdir or os.getcwd()).resolve()),
+        env=dict(env or {}),
+        python=python,
+        steps=options.steps,
+        full_steps=options.full_steps,
+        timeout=options.timeout,
+    )
+
+
+def _failed(results: list[ProbeResult], what: str) -> ProbeError:
+    r = next(r for r in results if not r.outcome)
+    tail = r.stderr_tail.strip().splitlines()[-1:] or [""]
+    return ProbeError(f"{what}: run '{r.spec.key}' ended {r.outcome}" + (f" ({tail[0].strip()[:200]})" if tail[0] and tail[0] not in str(r.outcome) else ""))
+
+
+# --------------------------------------------------------------------------- probe
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """One probe of the current checkout and its verdict (truthy when good)."""
+
+    verdict: Verdict
+    result: ProbeResult
+    reference: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.verdict)
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict.to_json(), "probe": result_json(self.result), "reference": self.reference}
+
+
+def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None = None,
+                   reference: str | None = None, cwd: str | os.PathLike | None = None) -> ProbeReport:
+    """Probe the checkout in ``cwd`` (default: here) once and judge it with ``check``.
+
+    ``check`` defaults to ``match`` with a reference and is required otherwise. A
+    timeout or infrastructure failure is retried once, then reported as ``skip``.
+    Tolerance: ``options.tolerance_spec('bitwise')``.
+    """
+    if check is None:
+        if reference is None:
+            raise UsageError("give --reference TRACE (a trace of the good run) or --check repro|finite")
+        check = "match"
+    if check not in CHECKS:
+        raise UsageError(f"unknown check '{check}'; use --check match, repro or finite")
+    if check == "match" and reference is None:
+        raise UsageError("--check match needs --reference TRACE (a trace of the good run, from bisect capture)")
+    if reference is not None:
+        from reprobisect.trace.reader import read_trace
+
+        read_trace(reference)  # a bad reference is the user's mistake: say so before probing
+    tol = options.tolerance_spec("bitwise")
+    tag = uuid.uuid4().hex[:8]
+    with options.make_executor() as ex:
+        first = run_with_retry(ex, spec_for(argv, options, key=f"probe-{tag}", workdir=cwd))
+        if check == "repro":
+            if not first.outcome or first.outcome.status not in ("ok",):
+                second = first
+                verdict = classify(first, "repro", reference=first, tolerance=tol)
+            else:
+                second = run_with_retry(ex, spec_for(argv, options, key=f"probe-{tag}-2", workdir=cwd))
+                verdict = classify(second, "repro", reference=first, tolerance=tol)
+        else:
+            verdict = classify(first, check, reference=reference, tolerance=tol)
+    return ProbeReport(verdict=verdict, result=first, reference=reference)
+
+
+# --------------------------------------------------------------------------- repro
+
+
+@dataclass(frozen=True)
+class ReproResult:
+    """N runs of one command compared to the first; truthy when all are identical."""
+
+    runs: tuple[ProbeResult, ...]
+    comparisons: tuple[Any, ...]
+    """``comparisons[i]`` compares run 0 with run i+1 (``reprobisect.compare`` results)."""
+    tolerance: Any
+    hashseeds: tuple[str | None, ...] = ()
+    """PYTHONHASHSEED given to each run (None: left as the user's environment has it)."""
+    environment_set: dict[str, Any] = field(default_factory=dict)
+    """What run 0's environment record says about determinism-relevant settings."""
+
+    def __bool__(self) -> bool:
+        return all(bool(c) for c in self.comparisons)
+
+    @property
+    def deterministic(self) -> bool:
+        return bool(self)
+
+    @property
+    def first_difference(self) -> tuple[int, Any] | None:
+        """(run index, comparison) of the first run that differs from run 0, or None."""
+        for i, c in enumerate(self.comparisons):
+            if not c:
+                return i + 1, c
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "deterministic": self.deterministic,
+            "tolerance": self.tolerance,
+            "runs": [result_json(r) for r in self.runs],
+            "hashseeds": list(self.hashseeds),
+            "environment_set": self.environment_set,
+            "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in self.comparisons],
+        }
+
+
+def _env_settings(trace_dir: str | None) -> dict[str, Any]:
+    if not trace_dir:
+        return {}
+    from reprobisect.trace.reader import read_trace
+
+    env = read_trace(trace_dir, allow_incomplete=True).manifest.environment
+    out: dict[str, Any] = {}
+    for k in ("env_vars", "determinism"):
+        if isinstance(env.get(k), dict):
+            out[k] = env[k]
+    th = (env.get("torch") or {}) if isinstance(env.get("torch"), dict) else {}
+    for k, v in th.items():
+        if "thread" in k:
+            out.setdefault("threads", {})[k] = v
+    return out
+
+
+def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = 2, hashseed_differ: bool = False,
+              cwd: str | os.PathLike | None = None) -> ReproResult:
+    """Run ``argv`` ``runs`` times in ``cwd`` (default: here) and compare each run to the first.
+
+    With ``hashseed_differ`` run i gets ``PYTHONHASHSEED=i`` (exposes set/dict-order
+    bugs); otherwise the runs inherit the user's environment unchanged. Tolerance:
+    ``options.tolerance_spec('bitwise')``. A run that cannot produce a trace (crash,
+    skip, timeout) is a ``ProbeError``: there is nothing to compare.
+    """
+    if runs < 2:
+        raise UsageError(f"--runs must be at least 2 (got {runs})")
+    tol = options.tolerance_spec("bitwise")
+    tag = uuid.uuid4().hex[:8]
+    seeds: list[str | None] = [str(i) if hashseed_differ else None for i in range(runs)]
+    specs = [
+        spec_for(argv, options, key=f"repro-{tag}-run{i}", workdir=cwd,
+                 env={"PYTHONHASHSEED": seeds[i]} if seeds[i] is not None else None)
+        for i in range(runs)
+    ]
+    with options.make_executor() as ex:
+        futures = [ex.submit(s) for s in specs]
+        results = [f.result() for f in futures]
+        results = [retry_once(ex, r) for r in results]
+        if not all(r.outcome for r in results):
+            raise _failed(results, "cannot judge determinism")
+        comps = tuple(compare_traces(results[0], r, tol) for r in results[1:])
+        env_set = _env_settings(results[0].trace_dir)
+    return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds), environment_set=env_set)
+
+
+def render_repro(result: ReproResult) -> str:
+    """Text for ``bisect repro``: the verdict, what the environment set, the first difference."""
+    n = len(result.runs)
+    lines: list[str] = []
+    seeds = [s for s in result.hashseeds if s is not None]
+    if seeds:
+        lines.append(f"PYTHONHASHSEED per run: {', '.join(seeds)}")
+    env_vars = result.environment_set.get("env_vars") or {}
+    if env_vars:
+        lines.append("environment set: " + ", ".join(f"{k}={v}" for k, v in sorted(env_vars.items())))
+    threads = result.environment_set.get("threads") or {}
+    if threads:
+        lines.append("threads: " + ", ".join(f"{k}={v}" for k, v in sorted(threads.items())))
+    det = result.environment_set.get("determinism") or {}
+    if det:
+        lines.append("determinism: " + ", ".join(f"{k}={v}" for k, v in sorted(det.items()) if not isinstance(v, dict)))
+    first = result.first_difference
+    if first is None:
+        steps = result.runs[0].spec.steps
+        lines.append(f"deterministic: {n} runs identical over {steps} step(s) ({_tol_text(result)})")
+    else:
+        i, comp = first
+        lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result)})")
+        lines.append(render_comparison(comp))
+    return "\n".join(lines)
+
+
+def _tol_text(result: ReproResult) -> str:
+    t = result.tolerance
+    if isinstance(t, dict):
+        return f"atol {t.get('atol', 0):g}, rtol {t.get('rtol', 0):g}"
+    return str(t)
