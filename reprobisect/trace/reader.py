@@ -33,6 +33,10 @@ class Trace:
     manifest: Manifest
     steps: list[Step]
     _verified: set[str] = field(default_factory=set, repr=False)
+    tensors_read: int = field(default=0, compare=False)
+    """Full tensors loaded so far through ``tensor`` (fingerprint-only work loads none)."""
+    bytes_read: int = field(default=0, compare=False)
+    """Bytes of tensor shards read so far: checksum verification plus tensor data."""
 
     @property
     def name(self) -> str:
@@ -62,7 +66,11 @@ class Trace:
         if rel not in self._verified and rel in self.manifest.files:
             _check_digest(self.path, rel, self.manifest.files[rel])
             self._verified.add(rel)
-        return shards.load_one(path, tensor_key(rec.kind, rec.name))
+            self.bytes_read += int(self.manifest.files[rel].get("size") or 0)
+        arr = shards.load_one(path, tensor_key(rec.kind, rec.name))
+        self.tensors_read += 1
+        self.bytes_read += int(arr.nbytes)
+        return arr
 
 
 def _check_digest(root: Path, rel: str, info: dict) -> None:

@@ -1,0 +1,73 @@
+"""`bisect compare A B`: name the first step, stage and tensor where two traces disagree.
+
+Parses the tolerance options, calls ``reprobisect.compare.compare_paths`` and renders the
+``Comparison`` as text or JSON. Exit status: 0 agree, 1 diverged, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.errors import UsageError
+
+__all__ = ["command"]
+
+
+@click.command(name="compare")
+@click.argument("a", type=click.Path(path_type=str))
+@click.argument("b", type=click.Path(path_type=str))
+@click.option("--tolerance", "mode", type=click.Choice(["bitwise", "default"]), default=None,
+              help="bitwise: bits must match; default: per-dtype torch.testing.assert_close figures. "
+                   "Unset: bitwise when both traces share device and environment, else default.")
+@click.option("--atol", type=float, default=None, help="Explicit absolute tolerance for floating tensors.")
+@click.option("--rtol", type=float, default=None, help="Explicit relative tolerance (relative to B).")
+@click.option("--override", "overrides", multiple=True, metavar="GLOB=ATOL,RTOL",
+              help="Per-tensor rule on 'kind/name', e.g. 'grad/*=1e-5,1e-4' or 'param/*=bitwise'. Repeatable; first match wins.")
+@click.option("--allow-incomplete", is_flag=True, help="Read incomplete or failed traces up to their last whole step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
+def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | None, overrides: tuple[str, ...],
+            allow_incomplete: bool, as_json: bool, zoom: bool) -> None:
+    """Name the first step, stage and tensor where traces A and B disagree.
+
+    Exit status: 0 when they agree (identical, or within the tolerance), 1 when they
+    diverge, 2 on bad input (a missing, truncated or foreign trace, a bad option).
+    """
+    from reprobisect.compare import Tolerance, compare_paths
+
+    if (atol is not None or rtol is not None) and mode is not None:
+        raise UsageError("give either --tolerance or --atol/--rtol, not both")
+    if atol is not None or rtol is not None:
+        tol = Tolerance(mode="explicit", atol=atol, rtol=rtol, overrides=[Tolerance.parse_override(o) for o in overrides])
+    else:
+        tol = Tolerance(mode=mode or "auto", overrides=[Tolerance.parse_override(o) for o in overrides])
+    result = compare_paths(a, b, tolerance=tol, allow_incomplete=allow_incomplete)
+
+    zoomed = None
+    if zoom and not result and result.first is not None:
+        zoomed = _zoom(a, b, result.first)
+    if as_json:
+        data = result.to_json()
+        if zoomed is not None:
+            data["zoom"] = zoomed.to_json() if hasattr(zoomed, "to_json") else str(zoomed)
+        click.echo(json.dumps(data, indent=1))
+    else:
+        click.echo(str(result))
+        if zoomed is not None:
+            click.echo(f"zoom: {zoomed}")
+    raise click.exceptions.Exit(0 if result else 1)
+
+
+def _zoom(a: str, b: str, divergence):
+    try:
+        from reprobisect.zoom import run_zoom
+    except ImportError:
+        run_zoom = None
+    if run_zoom is None:
+        raise UsageError("op-level zoom is not available in this build")
+    try:
+        return run_zoom(a, b, divergence)
+    except NotImplementedError:
+        raise UsageError("op-level zoom is not available in this build") from None

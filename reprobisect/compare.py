@@ -1,0 +1,764 @@
+"""The first-divergence engine: walk two traces in chain order and name the first broken link.
+
+Steps are paired by number; inside a step, records are paired by ``(kind, name)`` and
+visited in chain order (a record present on one side only is reported as ``missing`` at
+the place it holds in its own trace). Equal fingerprints mean equal bits, so a pair of
+identical traces is compared without reading a single full tensor. When fingerprints
+differ, the tolerance decides: full tensors (when both sides stored them) give max abs /
+max rel error, mismatch count, first mismatching index and ULP distance; otherwise the
+recorded stats are used, and only when they prove the difference exceeds the tolerance;
+a difference the stats cannot size is reported as diverged ("bits differ; no tensors
+stored to measure"), never silently as close.
+
+Layer-wise localization uses the fingerprints of each module's inputs that the recorder
+keeps with its activation: the first activation whose inputs agree on both sides and
+whose output does not is the *origin*; one whose inputs already differed is
+*propagation*; if the first differing activation's inputs already differ and nothing
+recorded before it diverged, the change happened between modules (in the parent's
+forward code, outside any hooked module).
+
+Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from reprobisect.errors import UsageError
+from reprobisect.trace.format import Record, Step, tensor_key
+from reprobisect.trace.reader import Trace, read_trace
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "VERDICTS",
+    "Tolerance",
+    "TensorDiff",
+    "Divergence",
+    "EnvDifference",
+    "StepSummary",
+    "Comparison",
+    "choose_tolerance",
+    "compare_records",
+    "compare_traces",
+    "compare_paths",
+    "diff_environment",
+]
+
+VERDICTS = ("identical", "close", "diverged", "missing", "shape", "dtype")
+
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    # dtype: (atol, rtol) -- torch.testing.assert_close's figures
+    "float16": (1e-5, 1e-3),
+    "bfloat16": (1e-5, 1.6e-2),
+    "float32": (1e-5, 1.3e-6),
+    "float64": (1e-7, 1e-7),
+    "complex64": (1e-5, 1.3e-6),
+    "complex128": (1e-7, 1e-7),
+    # float8 (assert_close has no figures): one machine epsilon relative, as float16 gets
+    # (e4m3: 3 mantissa bits, eps 2**-3; e5m2: 2 bits, eps 2**-2), and the same atol.
+    "float8_e4m3fn": (1e-5, 0.125),
+    "float8_e4m3fnuz": (1e-5, 0.125),
+    "float8_e5m2": (1e-5, 0.25),
+    "float8_e5m2fnuz": (1e-5, 0.25),
+}
+"""Per-dtype (atol, rtol) of the ``default`` policy; any other dtype (integers, bool) is exact."""
+
+# Environment keys that describe where/how a run was launched rather than its numerics;
+# they are listed as differences but do not stop two traces from counting as "the same
+# environment" when the tolerance is chosen.
+_INFO_PREFIXES = ("git", "host.hostname", "cwd", "python.argv", "python.executable", "python.prefix")
+_INFO_SUFFIXES = (".path",)
+
+_MAX_NEXT = 5
+
+
+# --------------------------------------------------------------------------------------
+# tolerance
+
+
+def _rule_spec(spec: Any, where: str) -> tuple[float, float] | str:
+    if isinstance(spec, str):
+        s = spec.strip().lower()
+        if s in ("bitwise", "default"):
+            return s
+        parts = [p for p in s.replace(" ", "").split(",") if p]
+        if len(parts) == 2:
+            spec = parts
+        else:
+            raise UsageError(f"tolerance override {where}: '{spec}' is not 'bitwise', 'default' or 'ATOL,RTOL' (e.g. 1e-5,1e-4)")
+    try:
+        atol, rtol = (float(x) for x in spec)
+    except (TypeError, ValueError):
+        raise UsageError(f"tolerance override {where}: {spec!r} is not 'bitwise', 'default' or (atol, rtol)") from None
+    if not (atol >= 0 and rtol >= 0) or math.isinf(atol) or math.isinf(rtol):
+        raise UsageError(f"tolerance override {where}: atol and rtol must be finite and >= 0, got {atol}, {rtol}")
+    return (atol, rtol)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tolerance:
+    """How close two tensors must be to agree: a policy, optionally refined per tensor name."""
+
+    mode: str = "auto"
+    """``bitwise`` (bits equal), ``default`` (per-dtype figures, ``DEFAULT_TOLERANCES``),
+    ``explicit`` (``atol``/``rtol`` for every floating tensor) or ``auto`` (bitwise when
+    both traces share device and environment, else default; see ``choose_tolerance``)."""
+
+    atol: float | None = None
+    """Absolute tolerance of ``explicit`` mode (0 when only ``rtol`` is given)."""
+
+    rtol: float | None = None
+    """Relative tolerance of ``explicit`` mode, relative to trace B's value (0 when only ``atol`` is given)."""
+
+    overrides: Any = ()
+    """Per-tensor rules: a mapping (or pairs) from a glob on ``kind/name`` (``grad/*``,
+    ``activation/encoder.*``) to ``(atol, rtol)``, ``'bitwise'`` or ``'default'``. The first
+    matching glob wins; unmatched tensors follow ``mode``. Strings ``'1e-5,1e-4'`` are accepted."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "bitwise", "default", "explicit"):
+            raise UsageError(f"unknown tolerance mode '{self.mode}' (bitwise, default, explicit or auto)")
+        if self.mode == "explicit" and self.atol is None and self.rtol is None:
+            raise UsageError("an explicit tolerance needs --atol and/or --rtol")
+        for v, label in ((self.atol, "atol"), (self.rtol, "rtol")):
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise UsageError(f"{label} must be finite and >= 0, got {v}")
+        items = self.overrides.items() if isinstance(self.overrides, Mapping) else self.overrides
+        norm = tuple((str(k), _rule_spec(v, f"'{k}'")) for k, v in items)
+        object.__setattr__(self, "overrides", norm)
+
+    @classmethod
+    def parse_override(cls, text: str) -> tuple[str, tuple[float, float] | str]:
+        """Parse ``'grad/*=1e-5,1e-4'`` (or ``'param/*=bitwise'``) into a (glob, rule) pair."""
+        if "=" not in text:
+            raise UsageError(f"override '{text}' needs the form GLOB=ATOL,RTOL or GLOB=bitwise (e.g. 'grad/*=1e-5,1e-4')")
+        glob, spec = text.split("=", 1)
+        if not glob.strip():
+            raise UsageError(f"override '{text}' has an empty glob; e.g. 'grad/*=1e-5,1e-4'")
+        return glob.strip(), _rule_spec(spec, f"'{text}'")
+
+    def rule(self, kind: str, name: str, dtype: str) -> tuple[float, float] | None:
+        """``None`` for bitwise comparison, else the ``(atol, rtol)`` that applies to this tensor."""
+        key = tensor_key(kind, name)
+        chosen: tuple[float, float] | str | None = None
+        for glob, spec in self.overrides:
+            if fnmatch.fnmatchcase(key, glob):
+                chosen = spec
+                break
+        if chosen is None:
+            chosen = {"bitwise": "bitwise", "auto": "bitwise", "default": "default"}.get(self.mode)
+            if chosen is None:
+                chosen = (self.atol or 0.0, self.rtol or 0.0)
+        if chosen == "bitwise":
+            return None
+        if not _is_float(dtype):
+            return (0.0, 0.0)  # integers and bool: exact in every value mode
+        if chosen == "default":
+            return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+        return chosen  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        base = {
+            "bitwise": "bitwise (bits must be equal)",
+            "auto": "bitwise (bits must be equal)",
+            "default": "default (per dtype, as torch.testing.assert_close)",
+            "explicit": f"explicit (atol {self.atol or 0:g}, rtol {self.rtol or 0:g})",
+        }[self.mode]
+        if self.overrides:
+            rules = ", ".join(f"{g}={s if isinstance(s, str) else f'{s[0]:g},{s[1]:g}'}" for g, s in self.overrides)
+            base += f"; overrides {rules}"
+        return base
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "overrides": {g: (s if isinstance(s, str) else list(s)) for g, s in self.overrides},
+        }
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+# --------------------------------------------------------------------------------------
+# environment
+
+
+@dataclass(frozen=True)
+class EnvDifference:
+    """One environment key that differs: ``changed``, or ``added``/``removed`` going from A to B."""
+
+    key: str
+    change: str
+    a: Any = None
+    b: Any = None
+    info: bool = False  # where/how it was launched (host name, cwd, git), not numerics
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "change": self.change, "a": self.a, "b": self.b, "info": self.info}
+
+
+_MISSING = object()
+
+
+def _is_info(key: str) -> bool:
+    return key.startswith(_INFO_PREFIXES) or key.endswith(_INFO_SUFFIXES)
+
+
+def diff_environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[EnvDifference]:
+    """Walk two environment records recursively; every changed, added or removed key, A to B.
+
+    Numerics-relevant differences come first, launch information (host name, cwd, git)
+    last; within each group in the order of the records.
+    """
+    out: list[EnvDifference] = []
+
+    def walk(x: Any, y: Any, prefix: str) -> None:
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            for k in list(x) + [k for k in y if k not in x]:
+                walk(x.get(k, _MISSING), y.get(k, _MISSING), f"{prefix}.{k}" if prefix else str(k))
+            return
+        if x is _MISSING:
+            out.append(EnvDifference(prefix, "added", None, y, _is_info(prefix)))
+        elif y is _MISSING:
+            out.append(EnvDifference(prefix, "removed", x, None, _is_info(prefix)))
+        elif x != y or type(x) is not type(y) and not (isinstance(x, (int, float)) and isinstance(y, (int, float))):
+            out.append(EnvDifference(prefix, "changed", x, y, _is_info(prefix)))
+
+    walk(dict(a or {}), dict(b or {}), "")
+    return [d for d in out if not d.info] + [d for d in out if d.info]
+
+
+def choose_tolerance(a: Trace, b: Trace) -> tuple[Tolerance, str]:
+    """The policy ``auto`` resolves to for these two traces, and why.
+
+    Bitwise when both traces were recorded on the same device in the same environment
+    (only launch information such as host name, cwd or git revision differs): then any
+    bit difference is a real nondeterminism or code change. Otherwise ``default``: a
+    different device, library or flag legitimately changes rounding.
+    """
+    diffs = [d for d in diff_environment(a.manifest.environment, b.manifest.environment) if not d.info]
+    if not diffs:
+        return Tolerance(mode="bitwise"), "both traces share device and environment"
+    shown = ", ".join(d.key for d in diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+    return Tolerance(mode="default"), f"the environments differ ({shown})"
+
+
+# --------------------------------------------------------------------------------------
+# per-tensor results
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How one pair of records compares, and what that was measured from.
+
+    ``source`` says what the figures come from: ``fingerprint`` (bits equal, or differ
+    with nothing stored to size it), ``tensors`` (both full tensors were read), ``stats``
+    (the recorded norm/min/max/mean/NaN/Inf only), ``structure`` (missing, shape, dtype).
+    """
+
+    verdict: str
+    source: str
+    detail: str = ""
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mismatched: int | None = None
+    total: int | None = None
+    first_index: tuple[int, ...] | None = None
+    max_ulp: int | None = None
+    stat_deltas: dict[str, float] | None = None
+    nan: tuple[int, int] | None = None
+    inf: tuple[int, int] | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    bitwise: bool = True
+
+    def __bool__(self) -> bool:
+        return self.verdict in ("identical", "close")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "source": self.source,
+            "detail": self.detail,
+            "max_abs": _jf(self.max_abs),
+            "max_rel": _jf(self.max_rel),
+            "mismatched": self.mismatched,
+            "total": self.total,
+            "first_index": list(self.first_index) if self.first_index is not None else None,
+            "max_ulp": self.max_ulp,
+            "stat_deltas": {k: _jf(v) for k, v in self.stat_deltas.items()} if self.stat_deltas else None,
+            "nan": list(self.nan) if self.nan else None,
+            "inf": list(self.inf) if self.inf else None,
+            "tolerance": "bitwise" if self.bitwise else {"atol": self.atol, "rtol": self.rtol},
+        }
+
+
+def _jf(x: float | None) -> float | str | None:
+    if x is None or math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind == "c":
+        x = x.view(np.float32 if x.dtype.itemsize == 8 else np.float64)
+    return x.view(_UINT[x.dtype.itemsize])
+
+
+def _ulp_distance(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> int | None:
+    """Largest distance in units in the last place over ``valid`` positions (IEEE floats only)."""
+    if a.dtype.kind == "c" or a.dtype.itemsize not in (2, 4, 8) or not _is_float(str(a.dtype)):
+        return None
+    if not valid.any():
+        return 0
+    width = a.dtype.itemsize * 8
+    ut = _UINT[a.dtype.itemsize]
+    sign = ut(1 << (width - 1))
+    ua, ub = a.view(ut)[valid].astype(np.uint64), b.view(ut)[valid].astype(np.uint64)
+    bias = np.uint64(1 << 63)
+
+    def ordered(u: np.ndarray) -> np.ndarray:
+        mag = u & np.uint64(int(sign) - 1)
+        neg = (u & np.uint64(int(sign))) != 0
+        return np.where(neg, bias - mag, bias + mag)  # -0.0 and +0.0 both map to bias
+
+    oa, ob = ordered(ua), ordered(ub)
+    d = np.where(oa >= ob, oa - ob, ob - oa)
+    return int(d.max())
+
+
+def _measure(x: np.ndarray, y: np.ndarray, rule: tuple[float, float] | None, dtype: str) -> TensorDiff:
+    """Metrics from two full tensors of the same dtype and shape."""
+    total = int(x.size)
+    if total == 0:
+        return TensorDiff("identical", "tensors", total=0, mismatched=0, bitwise=rule is None)
+    is_float = _is_float(dtype)
+    with np.errstate(all="ignore"):
+        if is_float and x.dtype.kind != "c":
+            fa, fb = x.astype(np.float64), y.astype(np.float64)
+        elif x.dtype.kind == "c":
+            fa, fb = x.astype(np.complex128), y.astype(np.complex128)
+        else:
+            fa, fb = x.astype(np.float64), y.astype(np.float64)
+        bit_diff = _bits(x) != _bits(y)
+        if x.dtype.kind == "c":
+            bit_diff = bit_diff.reshape(*x.shape, 2).any(-1)
+        nan_a, nan_b = np.isnan(fa), np.isnan(fb)
+        both_finite = np.isfinite(fa) & np.isfinite(fb)
+        absdiff = np.where(both_finite, np.abs(fa - fb), 0.0)
+        absb = np.abs(fb)
+        if rule is None:
+            mismatch = bit_diff
+        else:
+            atol, rtol = rule
+            same = (fa == fb) | (nan_a & nan_b)  # -0.0 == 0.0, inf == inf, NaN by position
+            mismatch = ~same & ~(both_finite & (absdiff <= atol + rtol * np.where(both_finite, absb, 0.0)))
+        count = int(np.count_nonzero(mismatch))
+        max_abs = float(absdiff.max())
+        rel = np.where(absdiff > 0, absdiff / np.where(absb > 0, absb, 1.0), 0.0)
+        rel = np.where((absdiff > 0) & (absb == 0), np.inf, rel)
+        max_rel = float(rel.max())
+        nonfinite = int(np.count_nonzero(mismatch & ~both_finite))
+        ulp = _ulp_distance(x, y, ~(nan_a | nan_b)) if is_float else None
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(mismatch)), x.shape)) if count else None
+    notes = []
+    if nonfinite:
+        notes.append(f"{nonfinite} mismatch(es) involve NaN/Inf (max abs/rel cover finite pairs only)")
+    if count:
+        verdict = "diverged"
+    elif not bit_diff.any():
+        verdict = "diverged"
+        notes.append("fingerprints differ but the stored tensors are bit-identical (inconsistent trace)")
+    else:
+        verdict = "close" if rule is not None else "diverged"
+    detail = "; ".join(notes)
+    return TensorDiff(
+        verdict,
+        "tensors",
+        detail=detail,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        mismatched=count,
+        total=total,
+        first_index=first,
+        max_ulp=ulp,
+        nan=(int(nan_a.sum()), int(nan_b.sum())),
+        inf=(int(np.isinf(fa).sum()), int(np.isinf(fb).sum())),
+        atol=None if rule is None else rule[0],
+        rtol=None if rule is None else rule[1],
+        bitwise=rule is None,
+    )
+
+
+def _from_stats(ra: Record, rb: Record, rule: tuple[float, float] | None) -> TensorDiff:
+    """Judge a bit difference from the recorded stats alone (no full tensors on both sides)."""
+    total = int(np.prod(ra.shape, dtype=np.int64)) if ra.shape else 1
+    kw: dict[str, Any] = {"total": total, "bitwise": rule is None}
+    if rule is not None:
+        kw.update(atol=rule[0], rtol=rule[1])
+    if not ra.stats or not rb.stats:
+        what = "bits differ; no tensors or stats stored to measure"
+        return TensorDiff("diverged", "fingerprint", detail=what, **kw)
+    deltas: dict[str, float] = {}
+    for k in ("norm", "min", "max", "mean"):
+        va, vb = ra.stat(k), rb.stat(k)
+        if va is not None and vb is not None:
+            deltas[k] = abs(va - vb) if not (math.isnan(va) and math.isnan(vb)) else 0.0
+    nan = (int(ra.stat("nan") or 0), int(rb.stat("nan") or 0))
+    inf = (int(ra.stat("inf") or 0), int(rb.stat("inf") or 0))
+    kw.update(stat_deltas=deltas, nan=nan, inf=inf)
+    if rule is None:
+        return TensorDiff("diverged", "stats", detail="bits differ (bitwise); sized from stats, no tensors stored", **kw)
+    atol, rtol = rule
+    if nan[0] != nan[1] or inf[0] != inf[1]:
+        return TensorDiff("diverged", "stats", detail=f"NaN/Inf counts differ (NaN {nan[0]} vs {nan[1]}, Inf {inf[0]} vs {inf[1]})", **kw)
+    # If every element were within tolerance, |a_i - b_i| <= atol + rtol*max|b| =: bound, so
+    # min, max and mean move by at most bound and the norm by at most sqrt(n)*bound.
+    mn, mx = rb.stat("min"), rb.stat("max")
+    if mn is not None and mx is not None and math.isfinite(mn) and math.isfinite(mx):
+        bound = atol + rtol * max(abs(mn), abs(mx))
+        slack = 1 + 1e-9
+        limits = {"min": bound, "max": bound, "mean": bound, "norm": math.sqrt(total) * bound}
+        for k, lim in limits.items():
+            d = deltas.get(k)
+            if d is not None and math.isfinite(d) and d > lim * slack + 1e-300:
+                return TensorDiff(
+                    "diverged", "stats",
+                    detail=f"{k} moved by {d:.3g}, more than any within-tolerance change allows ({lim:.3g})",
+                    **kw,
+                )
+    return TensorDiff("diverged", "fingerprint", detail="bits differ; no tensors stored to measure", **kw)
+
+
+def compare_records(
+    a: Trace | None, b: Trace | None, step: int, ra: Record, rb: Record, tolerance: Tolerance
+) -> TensorDiff:
+    """Compare one pair of records (the same key at the same step) under ``tolerance``.
+
+    Reads full tensors only when the fingerprints differ and both traces stored them.
+    """
+    if ra.dtype != rb.dtype:
+        return TensorDiff("dtype", "structure", detail=f"dtype {ra.dtype} vs {rb.dtype}")
+    if tuple(ra.shape) != tuple(rb.shape):
+        return TensorDiff("shape", "structure", detail=f"shape {tuple(ra.shape)} vs {tuple(rb.shape)}")
+    rule = tolerance.rule(ra.kind, ra.name, ra.dtype)
+    if ra.fingerprint == rb.fingerprint:
+        return TensorDiff("identical", "fingerprint", bitwise=rule is None,
+                          atol=None if rule is None else rule[0], rtol=None if rule is None else rule[1])
+    if a is not None and b is not None and ra.stored and rb.stored:
+        x, y = a.tensor(step, ra), b.tensor(step, rb)
+        if x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape:
+            return _measure(x, y, rule, ra.dtype)
+    return _from_stats(ra, rb, rule)
+
+
+# --------------------------------------------------------------------------------------
+# divergences and the comparison
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One record that does not agree: where it is in the chain, and how it differs.
+
+    ``localization`` is ``origin`` (inputs agree, output does not: this is where the
+    difference was introduced), ``propagation`` (it received a difference from earlier
+    in the chain), ``between_modules`` (the first differing activation already had
+    differing inputs and nothing recorded before it differed: the change happened in the
+    parent's forward, between hooked modules), ``first`` (the first broken link for a
+    record without module inputs: batch, loss, grad, ...), or ``unknown`` (an activation
+    recorded without input fingerprints).
+    """
+
+    step: int
+    kind: str
+    name: str
+    verdict: str
+    diff: TensorDiff
+    module: str | None = None
+    origin: bool = False
+    localization: str = "first"
+    only_in: str | None = None  # 'a' or 'b' for verdict 'missing'
+    order: int = -1
+
+    def __bool__(self) -> bool:
+        return False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "name": self.name,
+            "module": self.module,
+            "verdict": self.verdict,
+            "origin": self.origin,
+            "localization": self.localization,
+            "only_in": self.only_in,
+            "order": self.order,
+            "diff": self.diff.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """How many records of one step agree, and the largest measured difference in it."""
+
+    step: int
+    records: int
+    identical: int
+    close: int
+    differ: int
+    max_abs: float | None = None  # only when measurable from full tensors
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "records": self.records, "identical": self.identical, "close": self.close,
+                "differ": self.differ, "max_abs": _jf(self.max_abs)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of comparing two traces; truthy when they agree under the tolerance."""
+
+    a: str
+    b: str
+    tolerance: Tolerance
+    tolerance_reason: str
+    env: tuple[EnvDifference, ...]
+    steps_a: tuple[int, ...]
+    steps_b: tuple[int, ...]
+    steps_compared: int
+    records_compared: int
+    first: Divergence | None
+    next: tuple[Divergence, ...] = ()
+    per_step: tuple[StepSummary, ...] = ()
+    structure: str = ""
+    tensors_read: int = 0
+    bytes_read: int = 0
+    status_a: str = "complete"
+    status_b: str = "complete"
+
+    def __bool__(self) -> bool:
+        return self.first is None and not self.structure
+
+    @property
+    def origin(self) -> Divergence | None:
+        """The first divergence that introduced a difference (not merely passed one on)."""
+        for d in ((self.first,) if self.first else ()) + self.next:
+            if d.origin:
+                return d
+        return None
+
+    @property
+    def verdict(self) -> str:
+        return "agree" if self else "diverged"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "a": self.a,
+            "b": self.b,
+            "status": {"a": self.status_a, "b": self.status_b},
+            "tolerance": {**self.tolerance.to_json(), "description": self.tolerance.describe(), "reason": self.tolerance_reason},
+            "environment": [d.to_json() for d in self.env],
+            "steps": {"a": list(self.steps_a), "b": list(self.steps_b), "compared": self.steps_compared},
+            "structure": self.structure or None,
+            "records_compared": self.records_compared,
+            "first": self.first.to_json() if self.first else None,
+            "next": [d.to_json() for d in self.next],
+            "per_step": [s.to_json() for s in self.per_step],
+            "tensors_read": self.tensors_read,
+            "bytes_read": self.bytes_read,
+        }
+
+    def __str__(self) -> str:
+        from reprobisect.render import render_comparison
+
+        return render_comparison(self)
+
+
+_BATCH_IDS = "<batch_ids>"
+
+
+def _pair_records(sa: Step, sb: Step) -> Iterable[tuple[Record | None, Record | None]]:
+    """Both steps' records merged in chain order; a one-sided record keeps its own place."""
+    ka = {r.key for r in sa.records}
+    rb = sb.records
+    bpos = {r.key: i for i, r in enumerate(rb)}
+    j = 0
+    for ra in sa.records:
+        p = bpos.get(ra.key)
+        if p is None:
+            yield ra, None
+            continue
+        if p >= j:
+            for r in rb[j:p]:
+                if r.key not in ka:
+                    yield None, r
+            j = p + 1
+        yield ra, rb[p]
+    for r in rb[j:]:
+        if r.key not in ka:
+            yield None, r
+
+
+def _batch_diff(sa: Step, sb: Step) -> TensorDiff | None:
+    ia, ib = sa.batch_ids, sb.batch_ids
+    if ia is None or ib is None or ia == ib:
+        return None
+    la, lb = list(ia), list(ib)
+    first = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
+    mism = sum(1 for x, y in zip(la, lb) if x != y) + abs(len(la) - len(lb))
+    show_a = la[first] if first < len(la) else "(end)"
+    show_b = lb[first] if first < len(lb) else "(end)"
+    return TensorDiff("diverged", "batch_ids", detail=f"batch IDs differ (first at position {first}: {show_a!r} vs {show_b!r})",
+                      mismatched=mism, total=max(len(la), len(lb)), first_index=(first,))
+
+
+def _is_ancestor(parent: str, child: str) -> bool:
+    base = parent.split("#", 1)[0]
+    return base == "" or child.startswith(base + ".")
+
+
+def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Comparison:
+    """Walk ``a`` and ``b`` step by step, record by record, and name the first broken link.
+
+    ``tolerance`` None (or mode ``auto``) picks bitwise or default with ``choose_tolerance``.
+    """
+    reads0 = (a.tensors_read + b.tensors_read, a.bytes_read + b.bytes_read)
+    if tolerance is None or tolerance.mode == "auto":
+        chosen, reason = choose_tolerance(a, b)
+        tolerance = Tolerance(mode=chosen.mode, overrides=tolerance.overrides if tolerance else ())
+    else:
+        reason = "as requested"
+    env = tuple(diff_environment(a.manifest.environment, b.manifest.environment))
+    steps_a = tuple(s.step for s in a.steps)
+    steps_b = tuple(s.step for s in b.steps)
+    common = sorted(set(steps_a) & set(steps_b))
+    only_a = sorted(set(steps_a) - set(steps_b))
+    only_b = sorted(set(steps_b) - set(steps_a))
+    structure = ""
+    if only_a or only_b:
+        parts = [f"A has {len(steps_a)} step(s), B has {len(steps_b)}"]
+        if only_a:
+            parts.append(f"steps {_ranges(only_a)} only in A")
+        if only_b:
+            parts.append(f"steps {_ranges(only_b)} only in B")
+        structure = "; ".join(parts)
+
+    divergences: list[Divergence] = []
+    summaries: list[StepSummary] = []
+    n_records = 0
+    diverged_modules: list[str] = []
+    for k in common:
+        sa, sb = a.step(k), b.step(k)
+        assert sa is not None and sb is not None
+        ident = close = differ = 0
+        step_max: float | None = None
+        bd = _batch_diff(sa, sb)
+        if bd is not None:
+            differ += 1
+            divergences.append(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, origin=not divergences,
+                                          localization="first" if not divergences else "propagation"))
+        for ra, rb in _pair_records(sa, sb):
+            n_records += 1
+            if ra is None or rb is None:
+                r = ra or rb
+                assert r is not None
+                side = "a" if ra is not None else "b"
+                diff = TensorDiff("missing", "structure", detail=f"only in {side.upper()}")
+                differ += 1
+                divergences.append(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, origin=not divergences,
+                                              localization="first" if not divergences else "propagation",
+                                              only_in=side, order=r.order))
+                continue
+            # Value tolerances need the tensors to tell close from diverged; bitwise only
+            # reads them to size the first few divergences.
+            measure = len(divergences) <= _MAX_NEXT or tolerance.rule(ra.kind, ra.name, ra.dtype) is not None
+            diff = compare_records(a if measure else None, b if measure else None, k, ra, rb, tolerance)
+            if diff.verdict == "identical":
+                ident += 1
+                continue
+            if diff.max_abs is not None and diff.source == "tensors":
+                step_max = diff.max_abs if step_max is None else max(step_max, diff.max_abs)
+            if diff.verdict == "close":
+                close += 1
+                continue
+            differ += 1
+            loc = _localize(ra, rb, bool(divergences), diverged_modules)
+            if ra.kind == "activation":
+                diverged_modules.append(ra.name)
+            divergences.append(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
+                                          origin=loc in ("origin", "first"), localization=loc, order=ra.order))
+        summaries.append(StepSummary(k, len(sa.records), ident, close, differ, step_max))
+
+    first = divergences[0] if divergences else None
+    if first is None and structure:
+        k = (only_a + only_b)[0]
+        side = "a" if only_a and k == only_a[0] else "b"
+        first = Divergence(k, "step", f"step {k}", "missing",
+                           TensorDiff("missing", "structure", detail=structure), origin=True,
+                           localization="first", only_in=side)
+    nxt = tuple(divergences[1 : 1 + _MAX_NEXT])
+    return Comparison(
+        a=str(a.path),
+        b=str(b.path),
+        tolerance=tolerance,
+        tolerance_reason=reason,
+        env=env,
+        steps_a=steps_a,
+        steps_b=steps_b,
+        steps_compared=len(common),
+        records_compared=n_records,
+        first=first,
+        next=nxt,
+        per_step=tuple(summaries),
+        structure=structure,
+        tensors_read=a.tensors_read + b.tensors_read - reads0[0],
+        bytes_read=a.bytes_read + b.bytes_read - reads0[1],
+        status_a=a.manifest.status,
+        status_b=b.manifest.status,
+    )
+
+
+def _localize(ra: Record, rb: Record, earlier: bool, diverged_modules: list[str]) -> str:
+    if ra.kind != "activation":
+        return "propagation" if earlier else "first"
+    if ra.inputs is None or rb.inputs is None:
+        return "propagation" if earlier else "unknown"
+    if tuple(ra.inputs) == tuple(rb.inputs):
+        if any(_is_ancestor(ra.name, m) for m in diverged_modules):
+            return "propagation"  # a container whose submodule already diverged
+        return "origin"
+    return "propagation" if earlier else "between_modules"
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start, prev = [], xs[0], xs[0]
+    for x in xs[1:] + [None]:  # type: ignore[list-item]
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ", ".join(out)
+
+
+def compare_paths(
+    a: str | os.PathLike, b: str | os.PathLike, *, tolerance: Tolerance | None = None, allow_incomplete: bool = False
+) -> Comparison:
+    """Read and validate both traces, then ``compare_traces``; a bad trace raises ``TraceError``."""
+    ta = read_trace(a, allow_incomplete=allow_incomplete)
+    tb = read_trace(b, allow_incomplete=allow_incomplete)
+    return compare_traces(ta, tb, tolerance)
