@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -27,13 +28,36 @@ from reprobisect.errors import TraceError
 from reprobisect.trace import shards
 from reprobisect.trace.format import KINDS, Manifest, Record, Step, shard_name, tensor_key
 
-__all__ = ["TraceWriter", "write_json_atomic"]
+__all__ = ["TraceWriter", "json_safe", "write_json_atomic"]
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` as strict JSON: NumPy scalars and arrays become Python values, non-finite floats
+    the strings ``"nan"``/``"inf"``/``"-inf"`` (the convention of stats; ``format.stat_value``
+    reads them back). A NaN loss is exactly what a trace must be able to record."""
+    if isinstance(x, float):
+        if math.isfinite(x):
+            return x
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if x is None or isinstance(x, (str, bool, int)):
+        return x
+    if isinstance(x, Mapping):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, (np.generic, np.ndarray)):
+        return json_safe(x.tolist())
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", None) == 0:  # 0-d framework tensor
+        return json_safe(x.item())
+    if hasattr(x, "tolist") and callable(x.tolist):
+        return json_safe(x.tolist())
+    return x
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
+        json.dump(json_safe(data), f, indent=1, sort_keys=False, allow_nan=False)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
@@ -148,7 +172,9 @@ class TraceWriter:
             raise TraceError(f"record {rec.kind} '{rec.name}' written twice in step {self._step}")
         changes: dict[str, Any] = {"order": len(self._records)}
         if array is not None:
-            self._arrays[tensor_key(rec.kind, rec.name)] = np.asarray(array)
+            # A copy: the caller's buffer (a parameter's memory, shared with torch on CPU)
+            # may change before end_step writes it, and must not disagree with the fingerprint.
+            self._arrays[tensor_key(rec.kind, rec.name)] = np.array(array, copy=True)
             changes["stored"] = True
         rec = _replace(rec, **changes)
         self._records.append(rec)
@@ -164,7 +190,7 @@ class TraceWriter:
             size, digest = shards.save(self._arrays, self.path / name)
             self._files[name] = {"size": size, "sha256": digest}
         step = Step(step=self._step, records=tuple(self._records), batch_ids=batch_ids, scalars=dict(scalars or {}))
-        self._steps_file.write(json.dumps(step.to_json(), separators=(",", ":"), allow_nan=False) + "\n")
+        self._steps_file.write(json.dumps(json_safe(step.to_json()), separators=(",", ":"), allow_nan=False) + "\n")
         self._steps_file.flush()
         self._steps_written += 1
         self._last_step = self._step
