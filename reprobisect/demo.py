@@ -325,16 +325,18 @@ def build_demo_repo(
 def run_demo(
     directory: str | os.PathLike | None = None,
     *,
-    jobs: int = 1,
+    jobs: int = 2,
     quiet: bool = False,
     keep: bool = False,
     progress: Any = None,
+    on_built: Callable[[DemoRepo], None] | None = None,
 ) -> tuple[DemoRepo, Any]:
     """Build the demo repository (in ``directory`` or a tmp dir) and bisect it.
 
-    Returns ``(DemoRepo, RunsResult)``. The tmp dir is removed afterwards unless ``keep``
-    or ``directory`` was given.
+    Returns ``(DemoRepo, RunsResult)``. A tmp dir is removed afterwards unless ``keep``;
+    a given ``directory`` is always kept. ``on_built`` is called once the repository exists.
     """
+    from reprobisect.options import ProbeOptions
     from reprobisect.runs import RunsConfig, find_first_bad
 
     tmp = None
@@ -343,15 +345,16 @@ def run_demo(
         directory = Path(tmp) / "tiny-mlp"
     try:
         repo = build_demo_repo(directory)
+        if on_built is not None:
+            on_built(repo)
         config = RunsConfig(
             repo=str(repo.path),
+            cwd=str(repo.path),
             good=repo.good,
             bad=repo.bad,
             command=repo.command,
             check="match",
-            jobs=jobs,
-            steps=3,
-            quiet=quiet,
+            options=ProbeOptions(jobs=jobs, steps=3, quiet=quiet),
         )
         result = find_first_bad(config, progress=progress)
         return repo, result
