@@ -213,10 +213,15 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = 2, hashseed
                  env={"PYTHONHASHSEED": seeds[i]} if seeds[i] is not None else None)
         for i in range(runs)
     ]
-    with options.make_executor() as ex:
+    from reprobisect.progress import progress
+
+    with options.make_executor() as ex, progress("repro", total=runs, quiet=options.quiet) as p:
         futures = [ex.submit(s) for s in specs]
-        results = [f.result() for f in futures]
-        results = [retry_once(ex, r) for r in results]
+        results = []
+        for i, f in enumerate(futures):
+            p.update(f"run {i}")
+            results.append(retry_once(ex, f.result()))
+            p.advance()
         if not all(r.outcome for r in results):
             raise _failed(results, "cannot judge determinism")
         comps = tuple(compare_traces(results[0], r, tol) for r in results[1:])

@@ -1,0 +1,34 @@
+"""``bisect envs``: one command under two environments: the environment diff, then the
+first divergence (default tolerance).
+
+Exit 0 when the runs agree, 1 when they differ, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.options import ProbeOptions, probe_options, split_command
+
+__all__ = ["command"]
+
+
+@click.command(
+    name="envs",
+    epilog="Example: bisect envs --a env.OMP_NUM_THREADS=1 --b env.OMP_NUM_THREADS=2 -- python train.py\n\n"
+    "SPEC items: python=PATH, env.NAME=VALUE (set before the child starts), NAME=VALUE (replaces {NAME} in CMD).",
+)
+@click.option("--a", "spec_a", required=True, help="Side a: python=PATH,env.NAME=VALUE,NAME=VALUE.")
+@click.option("--b", "spec_b", required=True, help="Side b, same form.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@probe_options
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(options: ProbeOptions, spec_a: str, spec_b: str, as_json: bool, cmd: tuple[str, ...]) -> int:
+    """Compare one command under two environments."""
+    from reprobisect.envs import render_envs, run_envs
+
+    result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_envs(result))
+    return 0 if result else 1

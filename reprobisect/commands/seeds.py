@@ -1,0 +1,30 @@
+"""``bisect seeds``: which chain components depend on the seed (and which wrongly don't).
+
+Exit 0 when nothing is flagged, 1 when a component contradicts what it should do with
+the seed, 2 for bad input (no ``{seed}`` in the command, fewer than two seeds).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.options import ProbeOptions, probe_options, split_command
+
+__all__ = ["command"]
+
+
+@click.command(name="seeds", epilog="Example: bisect seeds --seeds 0,1 -- python train.py --seed {seed}")
+@click.option("--seeds", "seeds", default="0,1", show_default=True, help="Comma-separated seeds, substituted for {seed}.")
+@click.option("--noise-floor", is_flag=True, help="Per-step spread of loss and grad norm across seeds (3+ seeds).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@probe_options
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(options: ProbeOptions, seeds: str, noise_floor: bool, as_json: bool, cmd: tuple[str, ...]) -> int:
+    """Run the command once per seed and map which components change with it."""
+    from reprobisect.seeds import render_seed_map, run_seeds
+
+    result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_seed_map(result))
+    return 0 if result else 1

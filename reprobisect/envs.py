@@ -1,0 +1,170 @@
+"""The library behind ``bisect envs``: one command under two environments, compared.
+
+An environment SPEC is comma-separated items:
+
+``python=PATH``       the interpreter that runs the command (must have reprobisect installed)
+``env.NAME=VALUE``    an environment variable set in the child *before it starts* (so
+                      variables read at CUDA initialisation, like CUBLAS_WORKSPACE_CONFIG,
+                      take effect)
+``NAME=VALUE``        a template variable: ``{NAME}`` in the command becomes VALUE
+                      (``device=cuda``, ``dtype=bf16``)
+
+``run_envs`` probes both sides (in parallel when the executor has two jobs), then gives
+the environment diff (``reprobisect.envdiff``: numerics-relevant changes first) and the
+first divergence under the ``default`` tolerance (per dtype) unless told otherwise.
+A value containing a comma can be written with ``\\,``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprobisect.errors import UsageError
+from reprobisect.executors.base import ProbeResult
+from reprobisect.options import ProbeOptions
+
+__all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs", "render_envs"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One side of an environment comparison."""
+
+    text: str
+    """The SPEC as given."""
+    python: str | None = None
+    """Interpreter path (``python=PATH``), None: the command's own."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for the child (``env.NAME=VALUE``)."""
+    variables: dict[str, str] = field(default_factory=dict)
+    """Template variables substituted into the command (``NAME=VALUE`` → ``{NAME}``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.text, "python": self.python, "env": self.env, "variables": self.variables}
+
+
+def parse_env_spec(text: str, side: str = "a") -> EnvSpec:
+    """Parse ``python=PATH,env.NAME=VALUE,NAME=VALUE``; a malformed item is a UsageError."""
+    items = [p.replace("\0", ",") for p in text.replace("\\,", "\0").split(",")]
+    python: str | None = None
+    env: dict[str, str] = {}
+    variables: dict[str, str] = {}
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise UsageError(
+                f"--{side} item '{item}' is not KEY=VALUE; use python=PATH, env.NAME=VALUE or NAME=VALUE"
+            )
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if key == "python":
+            if not value:
+                raise UsageError(f"--{side} python= needs an interpreter path")
+            python = os.path.expanduser(value)
+        elif key.startswith("env."):
+            name = key[4:]
+            if not _NAME.match(name):
+                raise UsageError(f"--{side} '{key}' does not name an environment variable (env.NAME=VALUE)")
+            env[name] = value
+        elif _NAME.match(key):
+            variables[key] = value
+        else:
+            raise UsageError(f"--{side} key '{key}' is not python, env.NAME or a template NAME")
+    return EnvSpec(text=text, python=python, env=env, variables=variables)
+
+
+def apply_template(argv: list[str], spec: EnvSpec, side: str = "a") -> list[str]:
+    """``argv`` with ``{NAME}`` replaced by the spec's variables; a missing one is a UsageError."""
+    out = []
+    for a in argv:
+        def sub(m: re.Match) -> str:
+            name = m.group(1)
+            if name not in spec.variables:
+                raise UsageError(f"the command uses {{{name}}} but --{side} does not set it; add {name}=VALUE to --{side}")
+            return spec.variables[name]
+
+        out.append(_PLACEHOLDER.sub(sub, a))
+    return out
+
+
+@dataclass(frozen=True)
+class EnvsResult:
+    """Both sides' probes, their environment diff and comparison; truthy when they agree."""
+
+    a: EnvSpec
+    b: EnvSpec
+    runs: tuple[ProbeResult, ProbeResult]
+    env_changes: tuple[Any, ...]
+    """``reprobisect.envdiff.EnvChange`` per differing key, numerics changes first."""
+    comparison: Any
+    """The ``reprobisect.compare.Comparison`` of side a with side b."""
+
+    def __bool__(self) -> bool:
+        return bool(self.comparison)
+
+    def to_json(self) -> dict[str, Any]:
+        from reprobisect.repro import result_json
+
+        c = self.comparison
+        return {
+            "agree": bool(self),
+            "a": self.a.to_json(),
+            "b": self.b.to_json(),
+            "environment": [e.to_json() for e in self.env_changes],
+            "comparison": c.to_json() if hasattr(c, "to_json") else str(c),
+            "runs": [result_json(r) for r in self.runs],
+        }
+
+
+def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
+             cwd: str | os.PathLike | None = None) -> EnvsResult:
+    """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance)."""
+    from reprobisect.envdiff import diff_environments
+    from reprobisect.probe import compare_traces, retry_once
+    from reprobisect.progress import progress
+    from reprobisect.repro import _failed, spec_for
+    from reprobisect.trace.reader import read_trace
+
+    sa, sb = parse_env_spec(a, "a"), parse_env_spec(b, "b")
+    argv_a, argv_b = apply_template(argv, sa, "a"), apply_template(argv, sb, "b")
+    tag = uuid.uuid4().hex[:8]
+    specs = [
+        spec_for(argv_a, options, key=f"envs-{tag}-a", workdir=cwd, env=sa.env, python=sa.python),
+        spec_for(argv_b, options, key=f"envs-{tag}-b", workdir=cwd, env=sb.env, python=sb.python),
+    ]
+    with options.make_executor() as ex, progress("envs", total=2, quiet=options.quiet) as p:
+        futures = [ex.submit(s) for s in specs]
+        results = []
+        for side, f in zip("ab", futures):
+            p.update(f"side {side}")
+            results.append(retry_once(ex, f.result()))
+            p.advance()
+        if not all(r.outcome for r in results):
+            raise _failed(results, "cannot compare the environments")
+        ta = read_trace(results[0].trace_dir, allow_incomplete=True)
+        tb = read_trace(results[1].trace_dir, allow_incomplete=True)
+        changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
+        comp = compare_traces(results[0], results[1], options.tolerance_spec("default"))
+    return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)
+
+
+def render_envs(r: EnvsResult) -> str:
+    """Text for ``bisect envs``: the environment diff first, then the first divergence."""
+    from reprobisect.envdiff import format_changes
+    from reprobisect.repro import render_comparison
+
+    lines = [f"a: {r.a.text}", f"b: {r.b.text}"]
+    env = format_changes(r.env_changes)
+    lines.append(env if env else "environments: no recorded difference")
+    lines.append("runs agree" if r else "runs differ")
+    lines.append(render_comparison(r.comparison))
+    return "\n".join(lines)

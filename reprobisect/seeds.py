@@ -1,0 +1,462 @@
+"""The library behind ``bisect seeds``: which chain components depend on the seed.
+
+``run_seeds`` runs one probe per seed (``{seed}`` substituted into the command) and
+``seed_map`` compares the traces component by component:
+
+``data_order``    the batch IDs (sample indices) of each step. With no batch IDs
+                  recorded, ``unknown``.
+``augmentation``  batch *content* (the ``batch``/``input`` records) when the batch IDs
+                  agree: same samples, different tensors = seed-dependent augmentation.
+``init``          the initial weights. Parameters are recorded *after* each step, so
+                  they mix init with data and dropout; the honest signal is step 0's
+                  forward pass: a non-stochastic module (not Dropout-like) whose input
+                  fingerprints agree across seeds but whose output differs can only
+                  differ through its weights. When no such module has agreeing inputs
+                  (the data differs from the first layer on), init is ``unknown``, not
+                  guessed. Parameter records that the recorder marks as taken before the
+                  first step (``meta.phase`` ``init`` / ``before``) are used first.
+``dropout``       outputs of Dropout-like modules (class name Dropout*, DropPath,
+                  StochasticDepth) whose inputs agree across seeds.
+``loss``          the loss (record or scalar) of each step.
+
+Expectations, and the flags raised when a run contradicts them: init, data order (when
+the data is shuffled) and dropout (when the model has it) should change with the seed;
+a component that does not is flagged ("data order ignores the seed"). The reverse: a
+loss that changes while nothing recorded upstream changed depends on the seed through
+something unrecorded; the flag says so. ``--noise-floor`` (3 seeds or more) gives the
+per-step spread of loss and gradient norm across seeds, the yardstick for judging a
+divergence elsewhere against ordinary seed-to-seed noise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from reprobisect.errors import UsageError
+from reprobisect.executors.base import ProbeResult
+from reprobisect.options import ProbeOptions
+
+__all__ = [
+    "COMPONENTS",
+    "ComponentSensitivity",
+    "NoiseFloorStep",
+    "SeedMap",
+    "substitute_seed",
+    "parse_seeds",
+    "seed_map",
+    "run_seeds",
+    "render_seed_map",
+]
+
+COMPONENTS = ("init", "data_order", "augmentation", "dropout", "loss")
+STATUSES = ("changed", "unchanged", "unknown", "absent")
+_STOCHASTIC = re.compile(r"(dropout|droppath|drop_path|stochasticdepth)", re.I)
+_SEED = "{seed}"
+
+
+@dataclass(frozen=True)
+class ComponentSensitivity:
+    """Whether one chain component changed with the seed, and the evidence."""
+
+    component: str
+    """One of ``COMPONENTS``."""
+    status: str
+    """``changed``, ``unchanged``, ``unknown`` (cannot be isolated) or ``absent`` (not in this model)."""
+    evidence: str
+    """What was compared (first differing record or why it could not be told)."""
+    flag: str | None = None
+    """Set when the status contradicts what the component should do with the seed."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"component": self.component, "status": self.status, "evidence": self.evidence, "flag": self.flag}
+
+
+@dataclass(frozen=True)
+class NoiseFloorStep:
+    """Spread across seeds of the loss and gradient norm at one step."""
+
+    step: int
+    loss: tuple[float, ...]
+    grad_norm: tuple[float, ...]
+
+    @staticmethod
+    def _spread(xs: tuple[float, ...]) -> dict[str, float] | None:
+        xs2 = [x for x in xs if math.isfinite(x)]
+        if len(xs2) < 2:
+            return None
+        return {"mean": statistics.fmean(xs2), "std": statistics.stdev(xs2), "range": max(xs2) - min(xs2)}
+
+    @property
+    def loss_spread(self) -> dict[str, float] | None:
+        return self._spread(self.loss)
+
+    @property
+    def grad_norm_spread(self) -> dict[str, float] | None:
+        return self._spread(self.grad_norm)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": list(self.loss), "grad_norm": list(self.grad_norm),
+                "loss_spread": self.loss_spread, "grad_norm_spread": self.grad_norm_spread}
+
+
+@dataclass(frozen=True)
+class SeedMap:
+    """The seed-sensitivity map of one command; truthy when nothing is flagged."""
+
+    seeds: tuple[str, ...]
+    components: tuple[ComponentSensitivity, ...]
+    runs: tuple[ProbeResult, ...] = ()
+    noise_floor: tuple[NoiseFloorStep, ...] | None = None
+    first_divergence: Any = None
+    """The comparison of the first two seeds' traces (where they first stop agreeing)."""
+
+    def __bool__(self) -> bool:
+        return not self.flags
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return tuple(c.flag for c in self.components if c.flag)
+
+    def component(self, name: str) -> ComponentSensitivity:
+        for c in self.components:
+            if c.component == name:
+                return c
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        from reprobisect.repro import result_json
+
+        fd = self.first_divergence
+        return {
+            "seeds": list(self.seeds),
+            "components": {c.component: c.to_json() for c in self.components},
+            "flags": list(self.flags),
+            "noise_floor": [s.to_json() for s in self.noise_floor] if self.noise_floor is not None else None,
+            "first_divergence": fd.to_json() if hasattr(fd, "to_json") else None,
+            "runs": [result_json(r) for r in self.runs],
+        }
+
+
+# --------------------------------------------------------------------------- input
+
+
+def parse_seeds(text: str | Iterable[Any]) -> tuple[str, ...]:
+    """'0,1,2' → ('0', '1', '2'); at least two distinct seeds."""
+    items = text.split(",") if isinstance(text, str) else [str(x) for x in text]
+    seeds = tuple(s.strip() for s in items if s.strip())
+    if len(set(seeds)) < 2:
+        raise UsageError(f"--seeds needs at least two different seeds, e.g. --seeds 0,1 (got '{text}')")
+    if len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds lists a seed twice ('{text}')")
+    return seeds
+
+
+def substitute_seed(argv: list[str], seed: str) -> list[str]:
+    """``argv`` with every ``{seed}`` replaced; no ``{seed}`` at all is a UsageError."""
+    if not any(_SEED in a for a in argv):
+        raise UsageError(
+            "the command has no {seed} placeholder; put it where the seed goes, "
+            "e.g. bisect seeds --seeds 0,1 -- python train.py --seed {seed}"
+        )
+    return [a.replace(_SEED, seed) for a in argv]
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _records(step: Any, kinds: tuple[str, ...]) -> list[Any]:
+    return [r for r in step.records if r.kind in kinds]
+
+
+def _common_steps(a: Any, b: Any) -> list[tuple[Any, Any]]:
+    bs = {s.step: s for s in b.steps}
+    return [(s, bs[s.step]) for s in a.steps if s.step in bs]
+
+
+def _is_stochastic(rec: Any) -> bool:
+    return bool(_STOCHASTIC.search(rec.module or "") or _STOCHASTIC.search(rec.name.rsplit(".", 1)[-1]))
+
+
+def _sequential(ids: Any) -> bool:
+    flat = _flatten(ids)
+    if len(flat) < 2 or not all(isinstance(x, int) for x in flat):
+        return False
+    return flat == list(range(flat[0], flat[0] + len(flat)))
+
+
+def _flatten(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        out: list[Any] = []
+        for y in x:
+            out.extend(_flatten(y))
+        return out
+    return [x]
+
+
+def _data_order(pairs: list[tuple[Any, Any]]) -> tuple[str, str, bool]:
+    """(status, evidence, ids equal at every step) from batch IDs."""
+    seen = False
+    for sa, sb in pairs:
+        if sa.batch_ids is None or sb.batch_ids is None:
+            continue
+        seen = True
+        if sa.batch_ids != sb.batch_ids:
+            return "changed", f"batch IDs differ at step {sa.step}", False
+    if not seen:
+        return "unknown", "no batch IDs recorded (the data does not come through a torch DataLoader?)", False
+    return "unchanged", f"batch IDs identical over {len(pairs)} step(s)", True
+
+
+def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool) -> tuple[str, str]:
+    if not ids_equal:
+        return "unknown", "batch IDs differ (or are not recorded), so content cannot be told from order"
+    found = False
+    for sa, sb in pairs:
+        bmap = sb.by_key()
+        for r in _records(sa, ("batch", "input")):
+            o = bmap.get(r.key)
+            if o is None:
+                continue
+            found = True
+            if o.fingerprint != r.fingerprint:
+                return "changed", f"same samples, different {r.kind} '{r.name}' at step {sa.step}"
+    if not found:
+        return "unknown", "no batch/input content recorded"
+    return "unchanged", "same samples give identical batch content"
+
+
+def _init(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+    if not pairs:
+        return "unknown", "no common step"
+    sa, sb = pairs[0]
+    bmap = sb.by_key()
+    # 1. parameters the recorder took before the first update
+    pre = [r for r in _records(sa, ("param",)) if (r.meta or {}).get("phase") in ("init", "before")]
+    if pre:
+        for r in pre:
+            o = bmap.get(r.key)
+            if o is not None and o.fingerprint != r.fingerprint:
+                return "changed", f"initial parameter '{r.name}' differs"
+        return "unchanged", f"{len(pre)} initial parameter(s) identical"
+    # 2. step 0: a deterministic module with agreeing inputs and a differing output
+    isolated = 0
+    for r in _records(sa, ("activation",)):
+        if _is_stochastic(r) or r.inputs is None:
+            continue
+        o = bmap.get(r.key)
+        if o is None or o.inputs is None or tuple(o.inputs) != tuple(r.inputs):
+            continue
+        isolated += 1
+        if o.fingerprint != r.fingerprint:
+            return "changed", f"step {sa.step}: '{r.name}' ({r.module or 'module'}) has identical inputs and a different output"
+    if isolated:
+        return "unchanged", f"step {sa.step}: {isolated} module(s) with identical inputs give identical outputs"
+    return "unknown", (f"step {sa.step}: no module sees identical inputs under both seeds (the data differs from "
+                       "the first layer on), so init cannot be isolated from data")
+
+
+def _dropout(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+    present = False
+    comparable = 0
+    for sa, sb in pairs:
+        bmap = sb.by_key()
+        for r in _records(sa, ("activation",)):
+            if not _is_stochastic(r):
+                continue
+            present = True
+            o = bmap.get(r.key)
+            if o is None or r.inputs is None or o.inputs is None or tuple(o.inputs) != tuple(r.inputs):
+                continue
+            comparable += 1
+            if o.fingerprint != r.fingerprint:
+                return "changed", f"step {sa.step}: '{r.name}' ({r.module or 'dropout'}) masks identical inputs differently"
+    if not present:
+        return "absent", "no Dropout-like module recorded"
+    if comparable:
+        return "unchanged", f"{comparable} dropout output(s) with identical inputs are identical"
+    return "unknown", "dropout inputs already differ under the two seeds"
+
+
+def _loss_values(step: Any) -> list[tuple[str, str]]:
+    vals = [(f"loss record '{r.name}'", r.fingerprint) for r in _records(step, ("loss",))]
+    if "loss" in (step.scalars or {}):
+        vals.append(("loss scalar", repr(step.scalars["loss"])))
+    return vals
+
+
+def _loss(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+    seen = False
+    for sa, sb in pairs:
+        la, lb = dict(_loss_values(sa)), dict(_loss_values(sb))
+        for k in la:
+            if k in lb:
+                seen = True
+                if la[k] != lb[k]:
+                    return "changed", f"{k} differs at step {sa.step}"
+    if not seen:
+        return "unknown", "no loss recorded"
+    return "unchanged", f"loss identical over {len(pairs)} step(s)"
+
+
+_ORDER = {"changed": 3, "unchanged": 2, "unknown": 1, "absent": 0}
+
+
+def _merge(results: list[tuple[str, str]]) -> tuple[str, str]:
+    """Over several seed pairs: changed wins, then unchanged (only if no pair was unknown)."""
+    changed = [r for r in results if r[0] == "changed"]
+    if changed:
+        return changed[0]
+    if any(r[0] == "unknown" for r in results):
+        return next(r for r in results if r[0] == "unknown")
+    return results[0]
+
+
+def seed_map(traces: list[Any], seeds: tuple[str, ...]) -> tuple[ComponentSensitivity, ...]:
+    """The component map from one trace per seed (``Trace`` objects, same order as ``seeds``)."""
+    if len(traces) < 2:
+        raise UsageError("a seed map needs traces of at least two seeds")
+    per: dict[str, list[tuple[str, str]]] = {c: [] for c in COMPONENTS}
+    sequential = False
+    for other in traces[1:]:
+        pairs = _common_steps(traces[0], other)
+        d_status, d_ev, ids_equal = _data_order(pairs)
+        per["data_order"].append((d_status, d_ev))
+        per["augmentation"].append(_augmentation(pairs, ids_equal))
+        per["init"].append(_init(pairs))
+        per["dropout"].append(_dropout(pairs))
+        per["loss"].append(_loss(pairs))
+        if pairs and pairs[0][0].batch_ids is not None:
+            sequential = _sequential(pairs[0][0].batch_ids) and ids_equal
+    merged = {c: _merge(v) for c, v in per.items()}
+
+    def flag(c: str, status: str) -> str | None:
+        if c == "init" and status == "unchanged":
+            return "init ignores the seed: the weights are the same under every seed (a fixed seed inside the model code, or a checkpoint?)"
+        if c == "data_order" and status == "unchanged" and not sequential:
+            return "data order ignores the seed: the same shuffled order under every seed (a sampler/generator seeded with a constant?)"
+        if c == "dropout" and status == "unchanged":
+            return "dropout ignores the seed: identical masks under every seed (seeded with a constant, or p=0 / eval mode?)"
+        if c == "loss" and status == "changed":
+            upstream = [merged[u][0] for u in ("init", "data_order", "augmentation", "dropout")]
+            if all(s in ("unchanged", "absent") for s in upstream):
+                return "the loss changes with the seed although nothing recorded upstream does: a seed-dependent loss term or an unhooked random op"
+        if c == "loss" and status == "unchanged":
+            upstream = [merged[u][0] for u in ("init", "data_order", "augmentation", "dropout")]
+            if "changed" in upstream:
+                return "the loss is identical under every seed although its inputs change: is the loss computed from the model's output?"
+        return None
+
+    out = []
+    for c in COMPONENTS:
+        status, ev = merged[c]
+        if c == "data_order" and status == "unchanged" and sequential:
+            ev += " (sequential: no shuffling)"
+        out.append(ComponentSensitivity(c, status, ev, flag(c, status)))
+    return tuple(out)
+
+
+def _scalar(step: Any, names: tuple[str, ...], kinds: tuple[str, ...] = ()) -> float:
+    sc = step.scalars or {}
+    for n in names:
+        if n in sc:
+            try:
+                return float(sc[n])
+            except (TypeError, ValueError):
+                pass
+    for k in sc:
+        if any(n in k for n in names):
+            try:
+                return float(sc[k])
+            except (TypeError, ValueError):
+                pass
+    for r in step.records:
+        if r.kind in kinds:
+            v = r.stat("mean")
+            if v is not None:
+                return v
+    return math.nan
+
+
+def noise_floor(traces: list[Any]) -> tuple[NoiseFloorStep, ...]:
+    """Per step: loss and gradient norm of every seed (spread via ``NoiseFloorStep``)."""
+    steps = sorted(set.intersection(*[{s.step for s in t.steps} for t in traces]))
+    out = []
+    for k in steps:
+        ss = [t.step(k) for t in traces]
+        out.append(NoiseFloorStep(
+            step=k,
+            loss=tuple(_scalar(s, ("loss",), ("loss",)) for s in ss),
+            grad_norm=tuple(_scalar(s, ("grad_norm", "grad_norm_total", "total_grad_norm")) for s in ss),
+        ))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] | str,
+              noise: bool = False, cwd: str | os.PathLike | None = None) -> SeedMap:
+    """Probe ``argv`` once per seed (``{seed}`` substituted) and map seed sensitivity.
+
+    ``noise`` (3 seeds or more) adds the per-step noise floor. A seed whose probe
+    produced no trace is a ``ProbeError`` naming it.
+    """
+    from reprobisect.probe import compare_traces, retry_once
+    from reprobisect.progress import progress
+    from reprobisect.repro import _failed, spec_for
+    from reprobisect.trace.reader import read_trace
+
+    seeds = parse_seeds(seeds) if isinstance(seeds, str) else parse_seeds(list(seeds))
+    if noise and len(seeds) < 3:
+        raise UsageError(f"--noise-floor needs at least 3 seeds (got {len(seeds)}); e.g. --seeds 0,1,2")
+    argvs = [substitute_seed(argv, s) for s in seeds]
+    tag = uuid.uuid4().hex[:8]
+    specs = [
+        replace(spec_for(a, options, key=f"seed-{tag}-{i}", workdir=cwd), extra_launch_args=("--seed", s))
+        for i, (a, s) in enumerate(zip(argvs, seeds))
+    ]
+    with options.make_executor() as ex, progress("seeds", total=len(specs), quiet=options.quiet) as p:
+        futures = [ex.submit(s) for s in specs]
+        results = []
+        for s, f in zip(seeds, futures):
+            p.update(f"seed {s}")
+            results.append(retry_once(ex, f.result()))
+            p.advance()
+        if not all(r.outcome for r in results):
+            raise _failed(results, "cannot map seed sensitivity")
+        traces = [read_trace(r.trace_dir, allow_incomplete=True) for r in results]
+        comps = seed_map(traces, seeds)
+        nf = noise_floor(traces) if noise else None
+        first = compare_traces(results[0], results[1], "bitwise")
+    return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first)
+
+
+def render_seed_map(m: SeedMap) -> str:
+    """Text for ``bisect seeds``: one line per component, the flags, the noise floor."""
+    lines = [f"seed sensitivity over seeds {', '.join(m.seeds)}:"]
+    w = max(len(c.component) for c in m.components)
+    for c in m.components:
+        lines.append(f"  {c.component:<{w}}  {c.status:<9}  {c.evidence}")
+    fd = m.first_divergence
+    if fd is not None and getattr(fd, "first", None) is not None:
+        d = fd.first
+        lines.append(f"first difference between seeds {m.seeds[0]} and {m.seeds[1]}: step {d.step}, {d.kind} '{d.name}'")
+    if m.flags:
+        lines.append("flags:")
+        lines += [f"  ! {f}" for f in m.flags]
+    else:
+        lines.append("no flags: every component behaves as expected with the seed")
+    if m.noise_floor:
+        lines.append("noise floor (std across seeds):")
+        for s in m.noise_floor:
+            ls, gs = s.loss_spread, s.grad_norm_spread
+            lt = f"loss {ls['mean']:.6g} ± {ls['std']:.3g}" if ls else "loss n/a"
+            gt = f"grad norm {gs['mean']:.6g} ± {gs['std']:.3g}" if gs else "grad norm n/a"
+            lines.append(f"  step {s.step}: {lt}; {gt}")
+    return "\n".join(lines)
