@@ -13,17 +13,17 @@ repository. Each ``WorktreePool`` owns a subfolder named after its process id; f
 of pools whose process is gone (a killed session) are removed and ``git worktree prune``
 runs when a pool starts.
 
-Linear order over a DAG: ``commit_range`` flattens the commits between good and bad
-into one list (``git rev-list --ancestry-path --topo-order --reverse``) and the search
-bisects that list. That is what most tools do; ``git bisect`` proper picks midpoints on
-the graph. On a history with merges the ancestry path still holds every commit that can
-be the first bad one, and a linear search over a topological order finds a first bad
-commit whose parents in the range are all good *as long as the behaviour is monotone
-along that order*: a culprit on a side branch makes the merge and everything after it
-in the order bad, while commits of the other branch listed after the culprit test good
-— the search may then report a contradiction instead of a wrong answer. With
-``first_parent=True`` only the mainline is searched (the answer is a merge commit when
-the change came in through one).
+Histories with merges: ``commit_range`` lists the commits between good and bad on the
+ancestry path (``git rev-list --ancestry-path --topo-order --reverse``), oldest first,
+and ``commit_parents`` gives their parents. Bisecting that list as a plain line is what
+many tools do, and it can go wrong: with a culprit on a side branch, commits of the
+other branch listed after it still test good, and a line search then reports a
+contradiction (or, with skips, a wrong range). So drivers pass the parents to
+``search.Bisection(points, parents=...)``, which searches the graph as ``git bisect``
+does (a bad commit keeps only its ancestors as candidates, a good one removes its
+ancestors) and names a bad commit whose parents are all good. With
+``first_parent=True`` only the mainline is listed, a plain line (the answer is then a
+merge commit when the change came in through one).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ __all__ = [
     "is_ancestor",
     "commit_info",
     "commit_range",
+    "commit_parents",
+    "bisect_axis",
     "has_submodules",
     "default_cache_dir",
     "WorktreePool",
@@ -245,6 +247,38 @@ def commit_range(repo: "RepoInfo | str | os.PathLike[str]", good: str, bad: str,
         return out
     out = _git(["rev-list", "--ancestry-path", "--topo-order", "--reverse", f"{g}..{b}"], _root(repo)).stdout.split()
     return out
+
+
+def commit_parents(repo: "RepoInfo | str | os.PathLike[str]", commits: list[str]) -> dict[str, tuple[str, ...]]:
+    """Parents (full hashes) of each of ``commits``, for ``search.Bisection(parents=...)``."""
+    if not commits:
+        return {}
+    proc = _git(["rev-list", "--no-walk=unsorted", "--parents", "--stdin"], _root(repo), input=("\n".join(commits) + "\n").encode())
+    out: dict[str, tuple[str, ...]] = {}
+    for line in proc.stdout.decode().splitlines():
+        parts = line.split()
+        if parts:
+            out[parts[0]] = tuple(parts[1:])
+    return out
+
+
+def bisect_axis(
+    repo: "RepoInfo | str | os.PathLike[str]", good: str, bad: str, *, first_parent: bool = False
+) -> tuple[list[str], dict[str, tuple[str, ...]] | None]:
+    """The search axis for ``search.Bisection``: ``[good, ...range..., bad]`` and the parents.
+
+    Parents are None with ``first_parent`` (the axis is a line) and for a range without
+    merges; otherwise pass them as ``Bisection(points, parents=parents)``.
+    """
+    g = resolve(repo, good)
+    commits = commit_range(repo, g, bad, first_parent=first_parent)
+    points = [g, *commits]
+    if first_parent:
+        return points, None
+    parents = commit_parents(repo, commits)
+    if all(len(p) == 1 for p in parents.values()):
+        return points, None
+    return points, parents
 
 
 def _merge_base(repo: "RepoInfo | str | os.PathLike[str]", a: str, b: str) -> str:

@@ -165,11 +165,18 @@ class Bisection(Generic[P]):
 
     Args:
         points: the ordered axis, oldest first; distinct hashable values (at least two).
+            With ``parents``, a topological order (every parent before its children).
         terms: names for (good, bad) — ``("old", "new")`` or a custom pair; ``good``,
             ``bad``, ``old``, ``new`` and ``skip`` are always accepted too.
         assume_ends: take ``points[0]`` as good and ``points[-1]`` as bad without
             probing them (default). With False, ``next`` proposes the ends first and the
             search refuses (``EndpointError``) if they do not probe as expected.
+        parents: for a history with merges, each point's parents (points not on the
+            axis are ignored). The search then works on the graph as ``git bisect``
+            does: a bad point keeps only its ancestors as candidates, a good point
+            removes its ancestors, and the answer is a bad point whose parents on the
+            axis are all good. Without it the axis is a line (``parents`` of each point
+            is the one before it), which is what a step axis or a first-parent history is.
 
     The typical loop (K parallel probes)::
 
@@ -182,7 +189,14 @@ class Bisection(Generic[P]):
         print(b.result())
     """
 
-    def __init__(self, points: Sequence[P], *, terms: tuple[str, str] = ("good", "bad"), assume_ends: bool = True) -> None:
+    def __init__(
+        self,
+        points: Sequence[P],
+        *,
+        terms: tuple[str, str] = ("good", "bad"),
+        assume_ends: bool = True,
+        parents: Mapping[P, Iterable[P]] | None = None,
+    ) -> None:
         pts = list(points)
         if len(pts) < 2:
             raise UsageError(
@@ -207,13 +221,65 @@ class Bisection(Generic[P]):
         self._index = index
         self._aliases = dict(_ALIASES, **{terms[0]: "good", terms[1]: "bad"})
         self._verdict: dict[int, str] = {}
-        self._lo = 0 if assume_ends else -1  # newest good index (-1: none yet)
-        self._hi = len(pts) - 1 if assume_ends else len(pts)  # oldest bad index (len: none yet)
+        self._goods: set[int] = {0} if assume_ends else set()
+        self._bads: set[int] = {len(pts) - 1} if assume_ends else set()
         self._in_flight: dict[int, int] = {}  # index -> round it was handed out in
         self._rounds = 0
         self._probes = 0
+        self._anc: list[int] | None = None if parents is None else self._ancestors(parents)
         self.log: list[dict[str, Any]] = []
         """Every verdict received, in order: ``{"point", "verdict", "round"}`` (replayable)."""
+
+    def _ancestors(self, parents: Mapping[P, Iterable[P]]) -> list[int]:
+        anc: list[int] = []
+        for i, p in enumerate(self.points):
+            bits = 1 << i
+            for q in parents.get(p, ()):
+                j = self._index.get(q)
+                if j is None:
+                    continue
+                if j >= i:
+                    raise UsageError(
+                        f"point {p!r} comes before its parent {q!r} on the axis: list points in topological order "
+                        "(oldest first, e.g. git rev-list --topo-order --reverse)"
+                    )
+                bits |= anc[j]
+            anc.append(bits)
+        return anc
+
+    # ---------------------------------------------------------------- the open range
+    @property
+    def _lo(self) -> int:
+        return max(self._goods, default=-1)
+
+    @property
+    def _hi(self) -> int:
+        return min(self._bads, default=len(self.points))
+
+    def _cand_mask(self) -> int:
+        """DAG mode: candidates for the first bad point as a bit set."""
+        assert self._anc is not None
+        mask = (1 << len(self.points)) - 1
+        for b in self._bads:
+            mask &= self._anc[b]
+        for g in self._goods:
+            mask &= ~self._anc[g]
+        return mask
+
+    def _candidates(self) -> list[int]:
+        """Indices the first bad point can still be, in axis order (the known bad one last)."""
+        if self._anc is None:
+            return list(range(self._lo + 1, min(self._hi + 1, len(self.points))))
+        mask = self._cand_mask()
+        return [i for i in range(len(self.points)) if mask >> i & 1]
+
+    def _positions(self, cands: list[int]) -> dict[int, int]:
+        """For each candidate: how many candidates remain if it probes bad (1..n)."""
+        if self._anc is None:
+            lo = self._lo
+            return {i: i - lo for i in cands}
+        mask = self._cand_mask()
+        return {i: (self._anc[i] & mask).bit_count() for i in cands}
 
     # ---------------------------------------------------------------- queries
     def __len__(self) -> int:
@@ -222,7 +288,7 @@ class Bisection(Generic[P]):
     @property
     def ends_known(self) -> bool:
         """True once both ends are known (assumed, or probed as expected)."""
-        return self._lo >= 0 and self._hi < len(self.points)
+        return 0 in self._goods and len(self.points) - 1 in self._bads
 
     @property
     def in_flight(self) -> tuple[P, ...]:
@@ -234,55 +300,60 @@ class Bisection(Generic[P]):
         """True when no probe could narrow the answer further (exact or ambiguous)."""
         if not self.ends_known:
             return False
-        return not any(i not in self._verdict for i in range(self._lo + 1, self._hi))
+        return all(i in self._verdict for i in self._candidates()[:-1])
 
     def verdict(self, point: P) -> str | None:
         """The canonical verdict given to ``point`` (good/bad/skip), or None."""
         i = self._idx(point)
-        if i == 0 and self.assume_ends and i not in self._verdict:
-            return "good"
-        if i == len(self.points) - 1 and self.assume_ends and i not in self._verdict:
-            return "bad"
-        return self._verdict.get(i)
+        if i in self._verdict:
+            return self._verdict[i]
+        return "good" if i in self._goods else "bad" if i in self._bads else None
 
     def remaining(self) -> tuple[P, ...]:
-        """Points the first bad one could still be (``lo+1 .. hi``), oldest first."""
+        """Points the first bad one could still be, oldest first."""
         if not self.ends_known:
             return self.points[1:]
-        return self.points[self._lo + 1 : self._hi + 1]
+        return tuple(self.points[i] for i in self._candidates())
 
     def obsolete(self) -> tuple[P, ...]:
         """In-flight points whose verdict can no longer narrow the range (a driver may cancel them)."""
         if not self.ends_known:
             return ()
-        return tuple(self.points[i] for i in sorted(self._in_flight) if not self._lo < i < self._hi)
+        cands = set(self._candidates()[:-1])
+        return tuple(self.points[i] for i in sorted(self._in_flight) if i not in cands)
 
     def steps_left(self) -> int:
         """Estimate of one-at-a-time probes still needed (``ceil(log2(candidates))``, skips ignored)."""
         if not self.ends_known:
-            return max_probes(len(self.points)) + (self._lo < 0) + (self._hi >= len(self.points))
-        n = self._hi - self._lo
+            return max_probes(len(self.points)) + (0 not in self._goods) + (len(self.points) - 1 not in self._bads)
+        n = len(self._candidates())
         return math.ceil(math.log2(n)) if n > 1 else 0
 
     def result(self) -> SearchResult[P]:
         """Where the boundary is now (final once ``done``)."""
         skipped = tuple(self.points[i] for i in sorted(self._verdict) if self._verdict[i] == "skip")
-        last_good = self.points[self._lo] if self._lo >= 0 else None
+        common = dict(probes=self._probes, rounds=self._rounds, skipped=skipped, terms=self.terms, size=len(self.points))
         if not self.ends_known:
-            return SearchResult(
-                first_bad=None, last_good=last_good, candidates=self.remaining(), done=False,
-                ambiguous=False, probes=self._probes, rounds=self._rounds, skipped=skipped,
-                terms=self.terms, size=len(self.points),
-            )
+            last_good = self.points[self._lo] if self._goods else None
+            return SearchResult(first_bad=None, last_good=last_good, candidates=self.remaining(), done=False, ambiguous=False, **common)
+        cands = self._candidates()
         done = self.done
-        candidates = self.points[self._lo + 1 : self._hi + 1]
-        ambiguous = done and len(candidates) > 1
-        first_bad = self.points[self._hi] if done and not ambiguous else None
+        ambiguous = done and len(cands) > 1
+        first_bad = self.points[cands[-1]] if done and not ambiguous else None
         return SearchResult(
-            first_bad=first_bad, last_good=last_good, candidates=tuple(candidates), done=done,
-            ambiguous=ambiguous, probes=self._probes, rounds=self._rounds, skipped=skipped,
-            terms=self.terms, size=len(self.points),
+            first_bad=first_bad, last_good=self._last_good(cands), candidates=tuple(self.points[i] for i in cands),
+            done=done, ambiguous=ambiguous, **common,
         )
+
+    def _last_good(self, cands: list[int]) -> P | None:
+        if self._anc is None:
+            return self.points[self._lo]
+        # the newest good point that is an ancestor of the oldest candidate (its parent side)
+        top = self._anc[cands[0]] if cands else 0
+        best = max((g for g in self._goods if top >> g & 1), default=None)
+        if best is None:
+            best = max(self._goods, default=None)
+        return self.points[best] if best is not None else None
 
     # ---------------------------------------------------------------- actions
     def next(self, k: int = 1) -> list[P]:
@@ -298,8 +369,9 @@ class Bisection(Generic[P]):
             raise UsageError(f"next(k) needs k >= 1 parallel probes, got {k}")
         picked: list[int] = []
         if not self.ends_known:
-            for i, want in ((0, self._lo < 0), (len(self.points) - 1, self._hi >= len(self.points))):
-                if want and i not in self._in_flight and len(picked) < k:
+            n = len(self.points)
+            for i, want in ((0, 0 not in self._goods), (n - 1, n - 1 not in self._bads)):
+                if want and i not in self._in_flight and i not in self._verdict and len(picked) < k:
                     picked.append(i)
         else:
             picked = self._split(k)
@@ -318,7 +390,7 @@ class Bisection(Generic[P]):
 
         Marking the same verdict twice is harmless. Raises ``ContradictionError`` when the
         verdict cannot be reconciled with earlier ones and ``EndpointError`` when an end
-        that was not assumed probes the wrong way; the state is unchanged then.
+        probes the wrong way; the state is unchanged then.
         """
         canon = self._canon(verdict)
         i = self._idx(point)
@@ -333,14 +405,7 @@ class Bisection(Generic[P]):
                 "different answers on the same point (flaky?); re-run with --repeat to require agreement",
                 point=point, verdict=canon, other=point, other_verdict=prev,
             )
-        if self.assume_ends and i in (0, n - 1):
-            expected = "good" if i == 0 else "bad"
-            if canon != expected:
-                raise EndpointError(
-                    f"{point} is the {self._term(expected)} end of the search and cannot be marked {self._term(canon)}",
-                    point=point, verdict=canon, end=expected,
-                )
-        if not self.assume_ends and i in (0, n - 1):
+        if i in (0, n - 1):
             expected = "good" if i == 0 else "bad"
             if canon != expected:
                 which = "--good" if i == 0 else "--bad"
@@ -353,30 +418,42 @@ class Bisection(Generic[P]):
                     f"the {self._term(expected)} end {point} ({which}) probed {self._term(canon)}: {hint}",
                     point=point, verdict=canon, end=expected,
                 )
-        if canon == "good" and self._hi < n and i > self._hi:
-            other = self.points[self._hi]
-            raise ContradictionError(
-                f"{point} marked {self._term('good')} but the earlier {other} is {self._term('bad')}: "
-                "the behaviour changes more than once or the command is flaky; re-run with --repeat or narrow the range",
-                point=point, verdict=canon, other=other, other_verdict="bad",
-            )
-        if canon == "bad" and self._lo >= 0 and i < self._lo:
-            other = self.points[self._lo]
-            raise ContradictionError(
-                f"{point} marked {self._term('bad')} but the later {other} is {self._term('good')}: "
-                "the behaviour changes more than once or the command is flaky; re-run with --repeat or narrow the range",
-                point=point, verdict=canon, other=other, other_verdict="good",
-            )
+        self._check(i, canon)
         rnd = self._in_flight.pop(i, None)
         if rnd is None:
             rnd = round
         self._verdict[i] = canon
         self._probes += 1
         if canon == "good":
-            self._lo = max(self._lo, i)
+            self._goods.add(i)
         elif canon == "bad":
-            self._hi = min(self._hi, i)
+            self._bads.add(i)
         self.log.append({"point": point, "verdict": canon, "round": rnd})
+
+    def _check(self, i: int, canon: str) -> None:
+        point = self.points[i]
+        if canon == "skip":
+            return
+        if self._anc is None:
+            clash = [b for b in self._bads if b < i] if canon == "good" else [g for g in self._goods if g > i]
+        elif canon == "good":
+            clash = [b for b in self._bads if self._anc[i] >> b & 1]  # a bad ancestor
+        else:
+            clash = [g for g in self._goods if self._anc[g] >> i & 1]  # a good descendant
+        if not clash and self._anc is not None and canon == "bad":
+            mask = self._cand_mask() & self._anc[i]
+            if not mask:
+                # not a descendant of the change every other bad point descends from
+                clash = sorted(self._bads)[:1]
+        if clash:
+            j = min(clash) if canon == "good" else max(clash)
+            other, other_v = self.points[j], self._verdict.get(j, "good" if j in self._goods else "bad")
+            rel = "earlier" if j < i else "later"
+            raise ContradictionError(
+                f"{point} marked {self._term(canon)} but the {rel} {other} is {self._term(other_v)}: "
+                "the behaviour changes more than once or the command is flaky; re-run with --repeat or narrow the range",
+                point=point, verdict=canon, other=other, other_verdict=other_v,
+            )
 
     @classmethod
     def replay(
@@ -386,6 +463,7 @@ class Bisection(Generic[P]):
         *,
         terms: tuple[str, str] = ("good", "bad"),
         assume_ends: bool = True,
+        parents: Mapping[P, Iterable[P]] | None = None,
     ) -> "Bisection[P]":
         """Rebuild a search from a log of ``(point, verdict)`` / ``{"point", "verdict", "round"}`` events.
 
@@ -394,7 +472,7 @@ class Bisection(Generic[P]):
         running when the session stopped are proposed again by ``next``. An event naming a
         point that is not on the axis raises ``UsageError`` (the history changed).
         """
-        b = cls(points, terms=terms, assume_ends=assume_ends)
+        b = cls(points, terms=terms, assume_ends=assume_ends, parents=parents)
         max_round = 0
         for ev in events:
             if isinstance(ev, Mapping):
@@ -404,7 +482,7 @@ class Bisection(Generic[P]):
                 if len(seq) not in (2, 3):
                     raise UsageError(f"a search event is (point, verdict[, round]), got {ev!r}")
                 point, verdict, rnd = seq[0], seq[1], (seq[2] if len(seq) == 3 else None)
-            if point not in b._index:
+            if not isinstance(point, Hashable) or point not in b._index:
                 raise UsageError(
                     f"the session log names {point!r}, which is not on the search axis; "
                     "the history changed since the session started: start a new session"
@@ -432,16 +510,25 @@ class Bisection(Generic[P]):
     def _term(self, canon: str) -> str:
         return {"good": self.terms[0], "bad": self.terms[1]}.get(canon, canon)
 
-    def _testable(self, i: int) -> bool:
-        return i not in self._verdict and i not in self._in_flight
-
     def _split(self, k: int) -> list[int]:
-        lo, hi = self._lo, self._hi
-        bounds = [lo] + [i for i in sorted(self._in_flight) if lo < i < hi] + [hi]
-        gaps = []  # [a, b, testable points strictly inside, points assigned]
+        """Pick up to k testable candidates that split the candidates k+1 ways.
+
+        Each candidate has a position w (how many candidates remain if it is bad); points
+        in flight and the two bounds (0, n) cut the positions into gaps; new points go to
+        the gaps whose parts would stay largest, spread evenly within each gap, each at
+        the testable candidate whose position is nearest its target.
+        """
+        cands = self._candidates()
+        if len(cands) <= 1:
+            return []
+        pos = self._positions(cands[:-1])
+        n = len(cands)
+        flying = sorted({pos[i] for i in self._in_flight if i in pos})
+        testable = sorted((w, i) for i, w in pos.items() if i not in self._verdict and i not in self._in_flight)
+        bounds = [0] + flying + [n]
+        gaps = []  # [a, b, testable positions strictly inside, points assigned]
         for a, b in zip(bounds, bounds[1:]):
-            free = sum(1 for i in range(a + 1, b) if self._testable(i))
-            gaps.append([a, b, free, 0])
+            gaps.append([a, b, sum(1 for w, _ in testable if a < w < b), 0])
         for _ in range(k):
             best = None
             for g in gaps:
@@ -456,19 +543,14 @@ class Bisection(Generic[P]):
         for a, b, _free, c in gaps:
             if not c:
                 continue
+            inside = [(w, i) for w, i in testable if a < w < b]
             chosen: set[int] = set()
             for j in range(1, c + 1):
                 target = a + ((b - a) * j) // (c + 1)
-                i = self._nearest(target, a, b, chosen)
-                if i is not None:
-                    chosen.add(i)
+                best_i = min(
+                    ((abs(w - target), w > target, i) for w, i in inside if i not in chosen), default=None
+                )
+                if best_i is not None:
+                    chosen.add(best_i[2])
             picked.extend(sorted(chosen))
         return picked
-
-    def _nearest(self, target: int, a: int, b: int, taken: set[int]) -> int | None:
-        """The testable index inside (a, b) nearest ``target`` (ties: the older one)."""
-        for d in range(0, b - a):
-            for i in (target - d, target + d):
-                if a < i < b and i not in taken and self._testable(i):
-                    return i
-        return None
