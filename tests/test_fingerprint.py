@@ -1,0 +1,215 @@
+"""Exact-bit fingerprints: one value for the same bits on NumPy and torch, any change of bits changes it."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reprobisect.trace.fingerprint import ROW, fingerprint, fingerprint_and_stats, stats
+
+torch = pytest.importorskip("torch")
+from reprobisect.runners import fingerprint_torch as ft  # noqa: E402
+
+# torch dtype, the NumPy dtype with the same bits
+PAIRS = [
+    (torch.float32, np.float32),
+    (torch.float16, np.float16),
+    (torch.bfloat16, ml_dtypes.bfloat16),
+    (torch.float64, np.float64),
+    (torch.int64, np.int64),
+    (torch.int32, np.int32),
+    (torch.int8, np.int8),
+    (torch.uint8, np.uint8),
+    (torch.bool, np.bool_),
+    (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn),
+    (torch.float8_e5m2, ml_dtypes.float8_e5m2),
+]
+def _id(x) -> str:
+    return getattr(x, "__name__", str(x).replace("torch.", ""))
+
+
+SHAPES = [(), (0,), (1,), (3,), (7, 5), (ROW + 3,), (2, ROW), (3, ROW + 1), (5, 3, 2 * ROW + 7)]
+
+
+def _torch_tensor(tdtype, shape, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if tdtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if not tdtype.is_floating_point:
+        info = torch.iinfo(tdtype)
+        return torch.randint(info.min, info.max, shape, generator=g, dtype=torch.int64).to(tdtype)
+    return (torch.randn(shape, generator=g, dtype=torch.float32) * 3).to(tdtype)
+
+
+def _to_numpy(t: torch.Tensor, ndtype) -> np.ndarray:
+    """The same bits as a NumPy array (torch cannot .numpy() bfloat16 or float8)."""
+    t = t.contiguous()
+    raw = t.view(torch.uint8).numpy() if t.dim() else t.reshape(1).view(torch.uint8).numpy()
+    return raw.view(ndtype).reshape(tuple(t.shape))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("tdtype, ndtype", PAIRS, ids=_id)
+def test_torch_equals_numpy(tdtype, ndtype, shape):
+    t = _torch_tensor(tdtype, shape)
+    a = _to_numpy(t, ndtype)
+    assert a.shape == tuple(t.shape) and a.dtype == np.dtype(ndtype)
+    assert ft.fingerprint(t) == fingerprint(a)
+
+
+@pytest.mark.parametrize("tdtype, ndtype", PAIRS[:5] + [PAIRS[8]], ids=_id)
+def test_non_contiguous_views(tdtype, ndtype):
+    base = _torch_tensor(tdtype, (64, 96), seed=1)
+    for view in (base.t(), base[::3, 1::2], base[5:, 7], base.unsqueeze(0).expand(2, 64, 96)):
+        assert not view.is_contiguous()
+        want = fingerprint(_to_numpy(view.contiguous(), ndtype))
+        assert ft.fingerprint(view) == want
+    a = _to_numpy(base, ndtype)
+    assert fingerprint(a.T) == ft.fingerprint(base.t())  # a non-contiguous NumPy view too
+
+
+def test_unaligned_storage_offset():
+    base = torch.arange(40, dtype=torch.float16)
+    view = base[1:]  # contiguous, but starts 2 bytes into the storage: no int32 view possible
+    assert view.is_contiguous() and view.storage_offset() == 1
+    assert ft.fingerprint(view) == fingerprint(base.numpy()[1:])
+    odd = torch.arange(7, dtype=torch.uint8)[3:]  # 4 bytes, padded path and offset path together
+    assert ft.fingerprint(odd) == fingerprint(np.arange(7, dtype=np.uint8)[3:])
+
+
+def test_zero_d_and_empty():
+    assert ft.fingerprint(torch.tensor(1.5)) == fingerprint(np.float32(1.5))
+    assert ft.fingerprint(torch.tensor(1.5)) != ft.fingerprint(torch.tensor([1.5]))  # shape-aware
+    empties = {fingerprint(np.zeros(s, np.float32)) for s in [(0,), (0, 3), (3, 0)]}
+    assert len(empties) == 3
+    assert ft.fingerprint(torch.zeros(0, 3)) == fingerprint(np.zeros((0, 3), np.float32))
+
+
+def test_dtype_aware():
+    """Same bytes, different dtype (or shape) → different fingerprint."""
+    a = np.arange(16, dtype=np.float32)
+    assert fingerprint(a) != fingerprint(a.view(np.int32))
+    assert fingerprint(a) != fingerprint(a.view(np.uint8))
+    assert fingerprint(a) != fingerprint(a.reshape(4, 4))
+    assert fingerprint(np.zeros(4, np.float16)) != fingerprint(np.zeros(4, ml_dtypes.bfloat16))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int64, np.uint8, ml_dtypes.float8_e4m3fn]),
+    n=st.integers(1, 3 * ROW + 5),
+    data=st.data(),
+)
+def test_any_single_flipped_bit_changes_it(dtype, n, data):
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(dtype) if np.dtype(dtype).kind == "f" or dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn) \
+        else rng.integers(0, 100, n).astype(dtype)
+    bit = data.draw(st.integers(0, a.nbytes * 8 - 1), label="bit")
+    b = a.copy()
+    b.view(np.uint8)[bit // 8] ^= np.uint8(1 << (bit % 8))
+    assert fingerprint(a) != fingerprint(b)
+
+
+@pytest.mark.parametrize("bit", [0, 7, 15, 31, 32, 62, 63])
+def test_flipped_bit_changes_the_torch_fingerprint_too(bit):
+    t = torch.randn(3 * ROW + 1, dtype=torch.float64)
+    u = t.clone()
+    i = 2 * ROW + 5
+    u.view(torch.int64)[i] ^= (1 << bit) if bit < 63 else -(1 << 63)
+    assert ft.fingerprint(t) != ft.fingerprint(u)
+    assert ft.fingerprint(u) == fingerprint(u.numpy())
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(2, 2 * ROW + 3), data=st.data())
+def test_swapping_two_elements_changes_it(n, data):
+    a = np.arange(n, dtype=np.float32)
+    i = data.draw(st.integers(0, n - 1))
+    j = data.draw(st.integers(0, n - 1).filter(lambda j: j != i))
+    b = a.copy()
+    b[[i, j]] = b[[j, i]]
+    assert fingerprint(a) != fingerprint(b)
+
+
+def test_permutations_and_row_swaps_change_it():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((8, ROW)).astype(np.float32)
+    assert fingerprint(a) != fingerprint(a[::-1].copy())  # whole rows swapped: the row sums' order counts
+    assert fingerprint(a) != fingerprint(rng.permutation(a.reshape(-1)).reshape(a.shape))
+    t = torch.from_numpy(a)
+    assert ft.fingerprint(t) != ft.fingerprint(t.flip(0))
+
+
+def test_signed_zero_and_nan_payloads_differ():
+    assert fingerprint(np.array([0.0], np.float32)) != fingerprint(np.array([-0.0], np.float32))
+    q = np.array([0x7FC00000], np.uint32).view(np.float32)
+    p = np.array([0x7FC00001], np.uint32).view(np.float32)
+    assert np.isnan(q[0]) and np.isnan(p[0])
+    assert fingerprint(q) != fingerprint(p)
+    tq, tp = torch.from_numpy(q), torch.from_numpy(p)
+    assert ft.fingerprint(tq) != ft.fingerprint(tp)
+    assert ft.fingerprint(tq) == fingerprint(q)
+
+
+@pytest.mark.parametrize("n", [2, 4, 64, ROW, ROW + 2, 2 * ROW])
+def test_negation_of_float64_even_length_changes_it(n):
+    """Flipping every sign bit moves every high lane by ±2**31: it must not cancel."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n)
+    assert fingerprint(a) != fingerprint(-a)
+    assert ft.fingerprint(torch.from_numpy(-a)) == fingerprint(-a)
+    ones = np.ones(n)
+    assert fingerprint(ones) != fingerprint(-ones)
+
+
+def test_stats_values():
+    a = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    s = stats(a)
+    assert s == {"norm": pytest.approx(math.sqrt(30)), "min": -2.0, "max": 4.0, "mean": 1.5, "nan": 0, "inf": 0}
+    b = np.array([np.nan, np.inf, -np.inf, 1.0, np.nan], np.float32)
+    sb = stats(b)
+    assert sb["nan"] == 2 and sb["inf"] == 2
+    assert stats(np.zeros(0)) == {"norm": 0.0, "min": "nan", "max": "nan", "mean": "nan", "nan": 0, "inf": 0}
+    assert stats(np.array([True, False, True]))["mean"] == pytest.approx(2 / 3)
+    fp, st_ = fingerprint_and_stats(a)
+    assert fp == fingerprint(a) and st_ == s
+
+
+@pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[1], PAIRS[2], PAIRS[3], PAIRS[4], PAIRS[8]],
+                         ids=_id)
+def test_torch_stats_match_numpy(tdtype, ndtype):
+    t = _torch_tensor(tdtype, (33, 17), seed=3)
+    fp, s = ft.fingerprint_and_stats(t)
+    want = stats(_to_numpy(t, ndtype))
+    assert fp == fingerprint(_to_numpy(t, ndtype))
+    for k in ("norm", "min", "max", "mean"):
+        assert s[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
+    assert (s["nan"], s["inf"]) == (0, 0)
+
+
+def test_torch_stats_count_nan_and_inf():
+    t = torch.tensor([1.0, float("nan"), float("inf"), float("nan"), -float("inf"), 2.0])
+    fp, s = ft.fingerprint_and_stats(t)
+    assert s["nan"] == 2 and s["inf"] == 2 and s["mean"] == "nan"
+    assert s == {**stats(t.numpy()), "norm": s["norm"]}
+    _, e = ft.fingerprint_and_stats(torch.zeros(0))
+    assert e == stats(np.zeros(0, np.float32))
+
+
+def test_begin_finish_defers_the_host_copy():
+    ts = [torch.randn(100), torch.randn(ROW * 2 + 1)]
+    pend = [ft.begin(t) for t in ts]
+    got = [ft.finish(p, source=t) for p, t in zip(pend, ts)]
+    assert [g[0] for g in got] == [fingerprint(t.numpy()) for t in ts]
+
+
+def test_fingerprint_does_not_change_the_tensor():
+    t = torch.randn(2 * ROW + 3)
+    before = t.clone()
+    ft.fingerprint_and_stats(t)
+    assert torch.equal(t.view(torch.int32), before.view(torch.int32))
