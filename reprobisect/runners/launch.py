@@ -1,0 +1,357 @@
+"""``python -m reprobisect.runners.launch``: record an unmodified training command.
+
+::
+
+    python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
+        [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
+        [--zoom-module NAME --zoom-step K]  --  script.py ARGS...  |  -- -m pkg.module ARGS...
+
+The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
+``sys.argv`` is ``[script.py, ARGS...]``, ``sys.path[0]`` is the script's folder, it
+runs as ``__main__``, the working directory is unchanged (``-m`` runs like
+``python -m``: ``sys.path[0]`` is the working directory). A meta-path hook waits for the
+script to import ``torch`` and only then installs the recorder
+(``reprobisect.runners.torch``); nothing else is imported on the script's behalf (no
+TensorFlow). After ``--steps`` optimizer steps the recorder raises ``StopRun`` (a
+``BaseException``) out of ``optimizer.step()``; the launcher then seals the trace, stops
+DataLoader worker processes and any other child process, and leaves with ``os._exit``.
+
+How the run ended is written into the manifest as ``outcome`` (``Outcome.to_json()``) and
+returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
+
+- ``ok`` (0): the steps were recorded (or the script ended by itself after >= 1 step,
+  including ``SystemExit(0)``); the trace is ``complete``.
+- ``skip`` (5): ``ImportError``/``ModuleNotFoundError``/``SyntaxError`` before the first
+  optimizer step completed, or a script/module that does not exist: the command cannot
+  be tested here (git bisect's 125). Trace ``failed``.
+- ``crashed`` (3): any other exception, or a nonzero ``SystemExit`` (also before the first
+  step: a script that exits with an error status is a failing command), with the step it
+  happened in and the traceback. Trace ``failed``; steps already written stay readable
+  with ``allow_incomplete``.
+- ``nonfinite`` (4): ``--stop-on-nonfinite`` and a NaN/Inf appeared; the trace is
+  ``complete`` up to and including that step and names the first non-finite record.
+- ``no_steps`` (6): the script ended without any optimizer step (it never imported torch,
+  or never called ``optimizer.step()``). Trace ``failed``.
+
+``--seed`` is recorded in the manifest only; the script seeds itself from its own
+arguments (``bisect seeds`` substitutes ``{seed}`` into the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+from reprobisect.errors import UsageError
+from reprobisect.outcome import LAUNCH_EXIT, Outcome
+
+__all__ = ["main", "parse_args", "run"]
+
+_SKIP_TYPES = (ImportError, SyntaxError)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected step numbers like 0,1,5, got '{text}'") from None
+    if any(x < 0 for x in out):
+        raise argparse.ArgumentTypeError(f"step numbers start at 0, got '{text}'")
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m reprobisect.runners.launch",
+        description="Run a training script unmodified and record its first optimizer steps into a trace.",
+    )
+    p.add_argument("--trace", required=True, help="folder to write the trace into (replaced if it is a trace)")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps to record, then end the run (default 3)")
+    p.add_argument("--full-steps", type=_int_list, default=(), help="steps whose full tensors are kept, e.g. 0,1")
+    p.add_argument("--state-steps", type=_int_list, default=(), help="steps after which complete state is captured")
+    p.add_argument("--stop-on-nonfinite", action="store_true", help="end at the first NaN/Inf (outcome nonfinite)")
+    p.add_argument("--max-disk", type=int, default=None, help="bound in bytes for the trace's full tensors and state")
+    p.add_argument("--seed", default=None, help="the seed this run uses (recorded in the manifest)")
+    p.add_argument("--zoom-module", default=None, help="module whose aten ops are recorded at --zoom-step")
+    p.add_argument("--zoom-step", type=int, default=None, help="step of the op-level zoom")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split ``OPTIONS -- PROGRAM ARGS`` into the options and the program's argv."""
+    argv = list(argv)
+    if "--" not in argv:
+        raise UsageError("give the command after '--': python -m reprobisect.runners.launch --trace DIR -- train.py ARGS")
+    cut = argv.index("--")
+    ns = _parser().parse_args(argv[:cut])
+    prog = argv[cut + 1 :]
+    if not prog or (prog[0] == "-m" and len(prog) < 2):
+        raise UsageError("no script after '--'; give 'script.py ARGS' or '-m package.module ARGS'")
+    if ns.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {ns.steps}")
+    if (ns.zoom_module is None) != (ns.zoom_step is None):
+        raise UsageError("--zoom-module and --zoom-step go together")
+    return ns, prog
+
+
+class _Activator(importlib.abc.MetaPathFinder):
+    """Installs the torch recorder right after the script's ``import torch`` finishes."""
+
+    def __init__(self, on_import) -> None:
+        self.on_import = on_import
+        self.busy = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None):
+        if fullname != "torch" or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        orig = loader.exec_module
+        activator = self
+
+        def exec_module(module):
+            orig(module)
+            try:
+                sys.meta_path.remove(activator)
+            except ValueError:
+                pass
+            activator.on_import()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+class _Run:
+    def __init__(self, ns: argparse.Namespace, prog: list[str]) -> None:
+        from reprobisect.trace.writer import TraceWriter
+
+        self.ns = ns
+        self.prog = prog
+        self.recorder: Any = None
+        self.t0 = time.monotonic()
+        self.policy_json = {
+            "steps": ns.steps,
+            "full_steps": list(ns.full_steps),
+            "state_steps": list(ns.state_steps),
+            "stop_on_nonfinite": ns.stop_on_nonfinite,
+            "max_disk": ns.max_disk,
+            "zoom_module": ns.zoom_module,
+            "zoom_step": ns.zoom_step,
+        }
+        self.writer = TraceWriter(
+            ns.trace,
+            command=list(prog),
+            policy=self.policy_json,
+            seed=ns.seed,
+            recorder={"launcher": "reprobisect.runners.launch", "cwd": os.getcwd()},
+        )
+
+    def activate_torch(self) -> None:
+        from reprobisect.runners.torch import RecordPolicy, TorchRecorder
+
+        ns = self.ns
+        policy = RecordPolicy(
+            steps=ns.steps,
+            full_steps=tuple(ns.full_steps),
+            state_steps=tuple(ns.state_steps),
+            stop_on_nonfinite=ns.stop_on_nonfinite,
+            max_disk=ns.max_disk,
+            zoom_module=ns.zoom_module,
+            zoom_step=ns.zoom_step,
+        )
+        self.recorder = TorchRecorder(self.writer, policy, stop_at_limit=True).install()
+
+    @property
+    def steps_done(self) -> int:
+        return self.writer.steps_written
+
+    def execute(self) -> Outcome:
+        """Run the program; return how it ended (never raises for the program's errors)."""
+        prog = self.prog
+        if "torch" in sys.modules:
+            self.activate_torch()
+        else:
+            sys.meta_path.insert(0, _Activator(self.activate_torch))
+        try:
+            if prog[0] == "-m":
+                mod = prog[1]
+                sys.argv = [prog[1], *prog[2:]]  # runpy replaces argv[0] with the module's file
+                sys.path[0] = os.getcwd()
+                try:
+                    spec_ok = importlib.util.find_spec(mod) is not None
+                except (ImportError, ValueError) as e:
+                    return Outcome("skip", detail=f"cannot import module '{mod}': {e}")
+                if not spec_ok:
+                    return Outcome("skip", detail=f"no module named '{mod}' (python -m {mod} cannot start here)")
+                runpy.run_module(mod, run_name="__main__", alter_sys=True)
+            else:
+                script = prog[0]
+                if not os.path.exists(script):
+                    return Outcome("skip", detail=f"can't open file '{script}': no such file (python cannot start it here)")
+                sys.argv = list(prog)
+                sys.path[0] = os.path.dirname(os.path.realpath(script))
+                runpy.run_path(script, run_name="__main__")
+        except BaseException as e:  # noqa: BLE001 - classify everything the program does
+            return self._classify(e)
+        return self._ended()
+
+    def _ended(self, how: str = "ended") -> Outcome:
+        if self.steps_done == 0:
+            if self.recorder is None:
+                why = "it never imported torch (no supported framework)"
+            else:
+                why = "it never called optimizer.step()"
+            return Outcome("no_steps", detail=f"the command {how} without an optimizer step: {why}; nothing to compare")
+        detail = f"recorded {self.steps_done} step(s)"
+        if self.steps_done < self.ns.steps:
+            detail += f"; the command {how} before --steps {self.ns.steps}"
+        return Outcome("ok", detail=detail)
+
+    def _classify(self, e: BaseException) -> Outcome:
+        from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
+        if from_stop:
+            status = "ok" if e.reason == "ok" else "nonfinite"  # type: ignore[attr-defined]
+            return Outcome(status, detail=e.detail, step=e.step if status != "ok" else None)  # type: ignore[attr-defined]
+        if self.recorder is not None and self.recorder.stop is not None:
+            # the recorder stopped the run and the program turned that into another exception
+            stop = self.recorder.stop
+            return Outcome("ok" if stop.reason == "ok" else "nonfinite", detail=stop.detail,
+                           step=None if stop.reason == "ok" else stop.step)
+        step = self.steps_done
+        if isinstance(e, SystemExit):
+            code = e.code
+            if code is None or code == 0:
+                return self._ended("exited (status 0)")
+            where = "before the first optimizer step" if step == 0 else f"at step {step}"
+            return Outcome(
+                "crashed",
+                detail=f"the command exited with status {code!r} {where}",
+                step=step,
+                traceback=_format_tb(e),
+            )
+        if isinstance(e, _SKIP_TYPES) and step == 0:
+            return Outcome(
+                "skip",
+                detail=f"{type(e).__name__}: {e} (before training started: a dependency or import failure, not a training bug)",
+                traceback=_format_tb(e),
+            )
+        if isinstance(e, KeyboardInterrupt):
+            return Outcome("crashed", detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
+        return Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
+
+    def seal(self, outcome: Outcome) -> None:
+        environment: dict[str, Any] = {}
+        try:
+            from reprobisect.runners.environment import collect_environment
+
+            environment = collect_environment()
+        except Exception as e:  # the trace must still be sealed
+            environment = {"error": f"environment record failed: {type(e).__name__}: {e}"}
+        notes = list(self.recorder.notes) if self.recorder is not None else []
+        extra: dict[str, Any] = {}
+        if notes:
+            extra["notes"] = notes
+        if self.recorder is not None and self.recorder.first_nonfinite is not None:
+            step, what = self.recorder.first_nonfinite
+            extra["first_nonfinite"] = {"step": step, "record": what}
+        outcome = Outcome(
+            outcome.status,
+            detail=outcome.detail,
+            step=outcome.step,
+            traceback=outcome.traceback,
+            trace=os.path.abspath(self.ns.trace),
+            wall_s=round(time.monotonic() - self.t0, 3),
+        )
+        status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
+        self.writer.close(
+            status,
+            outcome=outcome.to_json(),
+            error=None if status == "complete" else str(outcome),
+            environment=environment,
+            extra=extra,
+        )
+        self.outcome = outcome
+
+    def cleanup_children(self) -> None:
+        if self.recorder is not None:
+            self.recorder.shutdown_loaders()
+        if "multiprocessing" in sys.modules:
+            import multiprocessing
+
+            for child in multiprocessing.active_children():
+                child.terminate()
+            deadline = time.monotonic() + 5
+            for child in multiprocessing.active_children():
+                child.join(max(0.0, deadline - time.monotonic()))
+                if child.is_alive():
+                    child.kill()
+                    child.join(1)
+
+
+def _format_tb(e: BaseException) -> str:
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__))[-20000:]
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the launcher in this process; returns the exit status (does not exit)."""
+    ns, prog = parse_args(argv)
+    r = _Run(ns, prog)
+    outcome = r.execute()
+    if r.recorder is not None:
+        r.recorder.done = True
+    r.cleanup_children()
+    r.seal(outcome)
+    _say(r.outcome, r.steps_done)
+    return LAUNCH_EXIT[outcome.status]
+
+
+def _say(outcome: Outcome, steps: int) -> None:
+    trace = outcome.trace
+    if outcome.status == "ok":
+        msg = f"reprobisect: ok, {steps} step(s) recorded into {trace}"
+    elif outcome.status == "no_steps":
+        msg = f"reprobisect: no_steps: {outcome.detail}"
+    else:
+        msg = f"reprobisect: {outcome} (trace {trace})"
+    print(msg, file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m reprobisect.runners.launch``; ends the process."""
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    # the trace is sealed and child processes are gone: leave without running the
+    # interrupted script's remaining cleanup (threads, atexit handlers) that could hang
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,782 @@
+"""The PyTorch recorder: one training step's chain, recorded from global hooks.
+
+Runs inside the user's process (the launcher installs it when the script imports torch;
+``reprobisect.torch.record`` installs it around explicit code). Nothing in the user's
+code changes: every observation comes from hooks PyTorch offers globally.
+
+What is observed, and how:
+
+- ``batch``: ``_BaseDataLoaderIter._next_index`` is wrapped to queue the indices each
+  batch was built from (FIFO per iterator, so prefetching workers with ``num_workers>0``,
+  custom samplers and batch samplers all work); ``__next__`` pops them when the batch is
+  handed to the loop. Records ``ids`` (int64 indices) and ``data[i]`` (each tensor of the
+  batch). Indices that are not integers are left out; the content fingerprint remains.
+  Assumes the loader returns batches in order (``in_order=True``, the default).
+- ``input`` / ``activation`` / ``output``: global module forward pre-hooks and hooks.
+  A module called with no module on the call stack is a *root*; the first root seen is
+  the model, named ``""`` (its submodules by their path, ``layers.0.attn``); later roots
+  (a loss module, a second model) are prefixed with their class name. The first root
+  call of a step records its tensor arguments as ``input``; the model's own result is
+  ``output``; every other module's result is an ``activation`` named by its path, with
+  ``#k`` for its k-th repeat call in the step and ``[i]`` for the i-th tensor of a
+  structured result. Each activation carries the fingerprints of its tensor inputs.
+  Forward passes with grad disabled (validation) are not recorded.
+- ``loss``: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is wrapped;
+  the tensors backward starts from are the loss (``loss``, ``loss#1`` with
+  accumulation). With a GradScaler that is the scaled loss; ``scalars.scaler_scale``
+  says by how much.
+- ``grad``: each parameter's ``.grad`` at the optimizer's step pre-hook (as it enters
+  the optimizer, after any clipping). ``scalars.grad_norm`` is the total norm *before
+  clipping*, from per-parameter post-accumulate-grad hooks; ``grad_norm_at_step`` the
+  norm the optimizer saw. ``scalars.no_grad_params`` lists the optimizer's parameters
+  that had no gradient, and ``scalars.no_gradients`` is true when none had one (a loss
+  computed from detached tensors): this is the flag compare and doctor read.
+- ``param`` / ``optim_state``: at the step post-hook, every parameter of the optimizer
+  and every tensor in its state (``fc.weight/exp_avg``); ``scalars.lr`` per group.
+
+A step ends at each ``optimizer.step()`` (of any optimizer; a GAN's two optimizers
+give two steps). Records are buffered during the step, fingerprinted on the tensor's
+device as they happen (``fingerprint_torch.begin``) and brought to the host once, at the
+end of the step, then written in chain order (``KINDS``). Observers observe: everything
+is read through ``detach()`` under ``no_grad``; nothing is written back, no graph is kept.
+Known gaps: a GradScaler that skips ``optimizer.step()`` on inf folds that iteration into
+the next step; LBFGS-style closures that run forward inside ``step()`` are not split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from reprobisect.runners import fingerprint_torch as fpt
+from reprobisect.trace import record_array
+from reprobisect.trace.format import KINDS, Record
+
+__all__ = ["RecordPolicy", "StopRun", "TorchRecorder", "to_numpy"]
+
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPolicy:
+    """What to record, and for how long."""
+
+    steps: int = 3
+    """Optimizer steps to record; after that the recorder stops (the launcher ends the run)."""
+    full_steps: tuple[int, ...] = ()
+    """Steps whose full tensors are stored next to the fingerprints."""
+    state_steps: tuple[int, ...] = ()
+    """Steps after which complete state (model, optimizer, RNG, data order) is captured."""
+    stop_on_nonfinite: bool = False
+    """End at the first step holding a NaN or Inf (outcome ``nonfinite``)."""
+    max_disk: int | None = None
+    """Bound in bytes for the trace; full tensors and state beyond it are not kept (noted)."""
+    stats: bool = True
+    """Compute norm/min/max/mean/NaN/Inf next to each fingerprint."""
+    zoom_module: str | None = None
+    """Module whose aten ops are recorded at ``zoom_step`` (op-level zoom)."""
+    zoom_step: int | None = None
+    """Step of the op-level zoom."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "full_steps": list(self.full_steps),
+            "state_steps": list(self.state_steps),
+            "stop_on_nonfinite": self.stop_on_nonfinite,
+            "max_disk": self.max_disk,
+            "stats": self.stats,
+            "zoom_module": self.zoom_module,
+            "zoom_step": self.zoom_step,
+        }
+
+
+class StopRun(BaseException):
+    """Raised from the optimizer step hook to end the user's run after the last recorded step.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``) so that a training loop's
+    ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, reason: str, step: int, detail: str = "") -> None:
+        super().__init__(f"reprobisect: {reason} at step {step}")
+        self.reason = reason
+        self.step = step
+        self.detail = detail
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray | None:
+    """A host copy of ``t`` as NumPy (bfloat16/float8 through ml_dtypes); None if unsupported."""
+    import ml_dtypes
+
+    t = t.detach()
+    views = {
+        torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+        torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+        torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+    }
+    c = t.to("cpu", copy=True).contiguous()
+    if t.dtype in views:
+        raw, np_dtype = views[t.dtype]
+        return c.view(raw).numpy().view(np_dtype)
+    if t.dtype in (torch.complex32, torch.uint16, torch.uint32, torch.uint64) or t.is_sparse:
+        return None
+    try:
+        return c.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
+@dataclass
+class _Entry:
+    kind: str
+    name: str
+    pending: fpt.Pending | None = None
+    source: torch.Tensor | None = None
+    module: str | None = None
+    inputs: list[fpt.Pending] | None = None
+    array: np.ndarray | None = None
+    record: Record | None = None  # already finished (batch ids)
+    seq: int = 0
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    try:
+        from torch.utils._pytree import tree_flatten
+
+        leaves, _ = tree_flatten(obj)
+    except Exception:
+        return []
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _fingerprintable(t: torch.Tensor) -> bool:
+    return not (t.is_sparse or t.is_nested or t.is_meta or getattr(t, "is_mkldnn", False)) and t.layout == torch.strided
+
+
+class TorchRecorder:
+    """Records steps of a PyTorch training loop into a ``TraceWriter``.
+
+    ``install()`` registers the global hooks and wraps; ``remove()`` undoes them.
+    With ``stop_at_limit`` the recorder raises ``StopRun`` from the optimizer hook once
+    ``policy.steps`` steps are written (the launcher's mode); otherwise it goes quiet.
+    """
+
+    def __init__(self, writer: Any, policy: RecordPolicy, *, stop_at_limit: bool = False) -> None:
+        self.writer = writer
+        self.policy = policy
+        self.stop_at_limit = stop_at_limit
+        self.step = 0
+        self.done = False
+        self.stop: StopRun | None = None
+        self.notes: list[str] = []
+        self.first_nonfinite: tuple[int, str] | None = None
+        self._installed = False
+        self._handles: list[Any] = []
+        self._undo: list[Callable[[], None]] = []
+        self._roots: dict[int, tuple[weakref.ref, str]] = {}
+        self._primary: int | None = None
+        self._names: dict[int, str] = {}
+        self._param_names: dict[int, str] = {}
+        self._hooked: set[int] = set()
+        self._stack: list[torch.nn.Module] = []
+        self._in_stack: list[list[fpt.Pending] | None] = []
+        self._param_hooks: list[Any] = []
+        self._optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        self._schedulers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._iters: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._loader: "weakref.ref | None" = None
+        self._scaler: "weakref.ref | None" = None
+        self._disk_used = 0
+        self._zoom: Any = None
+        self._reset_step()
+
+    # -- step buffer --------------------------------------------------------------
+
+    def _reset_step(self) -> None:
+        self._entries: list[_Entry] = []
+        self._occ: dict[tuple[str, str], int] = {}
+        self._cache: dict[int, tuple[torch.Tensor, int, fpt.Pending]] = {}
+        self._batch_ids: list[int] | None = None
+        self._grad_norms: dict[int, torch.Tensor] = {}
+        self._data_wait = 0.0
+        self._record_s = 0.0
+        self._t0: float | None = None
+        self._inputs_done = False
+        self._outputs_seen = 0
+        self._full = self.step in self.policy.full_steps
+        self._full_bytes = 0
+        self._scalars: dict[str, Any] = {}
+
+    def _unique(self, kind: str, base: str) -> str:
+        k = self._occ.get((kind, base), 0)
+        self._occ[(kind, base)] = k + 1
+        return base if k == 0 else f"{base}#{k}"
+
+    def _begin(self, t: torch.Tensor) -> fpt.Pending:
+        hit = self._cache.get(id(t))
+        if hit is not None and hit[0] is t and hit[1] == t._version:
+            return hit[2]
+        p = fpt.begin(t, with_stats=self.policy.stats)
+        self._cache[id(t)] = (t, t._version, p)
+        return p
+
+    def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None) -> None:
+        if not _fingerprintable(t):
+            return
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        t = t.detach()
+        e = _Entry(kind=kind, name=self._unique(kind, base), pending=self._begin(t), source=t, module=module, inputs=inputs)
+        if self._full:
+            self._keep_array(e, t)
+        e.seq = len(self._entries)
+        self._entries.append(e)
+
+    def _keep_array(self, e: _Entry, t: torch.Tensor) -> None:
+        nbytes = t.numel() * t.element_size()
+        budget = self.policy.max_disk
+        if budget is not None and self._disk_used + self._full_bytes + nbytes > budget:
+            if self._full:
+                self._full = False
+                msg = (
+                    f"full tensors of step {self.step} not kept: they would exceed --max-disk {budget} bytes "
+                    f"(trace holds {self._disk_used} bytes); raise --max-disk or keep fewer --full-steps"
+                )
+                self.notes.append(msg)
+                print(f"reprobisect: {msg}", file=sys.stderr)
+                for other in self._entries:
+                    other.array = None
+            return
+        e.array = to_numpy(t)
+        if e.array is not None:
+            self._full_bytes += nbytes
+
+    # -- install / remove ---------------------------------------------------------
+
+    def install(self) -> "TorchRecorder":
+        if self._installed:
+            return self
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        self._handles += [
+            nn_module.register_module_forward_pre_hook(self._fwd_pre),
+            nn_module.register_module_forward_hook(self._fwd, with_kwargs=True, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._opt_pre),
+            optim_module.register_optimizer_step_post_hook(self._opt_post),
+        ]
+        self._wrap_dataloader()
+        self._wrap_backward()
+        self._wrap_scaler()
+        self._wrap_schedulers()
+        if self.policy.zoom_module is not None and self.policy.zoom_step is not None:
+            self._install_zoom()
+        self._installed = True
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        while self._undo:
+            self._undo.pop()()
+        for h in self._param_hooks:
+            h.remove()
+        self._param_hooks = []
+        self._hooked.clear()
+        if self._zoom is not None:
+            try:
+                self._zoom.remove()
+            except Exception:
+                pass
+        self._installed = False
+
+    def _patch(self, owner: Any, attr: str, new: Callable) -> None:
+        old = owner.__dict__[attr]
+        setattr(owner, attr, new)
+        self._undo.append(lambda: setattr(owner, attr, old))
+
+    def _wrap_dataloader(self) -> None:
+        from torch.utils.data import dataloader as dl
+
+        cls = dl._BaseDataLoaderIter
+        orig_next_index = cls.__dict__["_next_index"]
+        orig_next = cls.__dict__["__next__"]
+        orig_iter = dl.DataLoader.__dict__["__iter__"]
+        rec = self
+
+        def _next_index(it):
+            idx = orig_next_index(it)
+            q = it.__dict__.get("_reprobisect_ids")
+            if q is None:
+                q = it.__dict__["_reprobisect_ids"] = deque()
+            q.append(idx)
+            return idx
+
+        def __next__(it):
+            t0 = time.perf_counter()
+            data = orig_next(it)
+            t1 = time.perf_counter()
+            q = it.__dict__.get("_reprobisect_ids")
+            idx = q.popleft() if q else None
+            if not rec.done:
+                rec._iters.add(it)
+                rec._on_batch(it, idx, data, t0, t1)
+            return data
+
+        def __iter__(loader):
+            it = orig_iter(loader)
+            if isinstance(it, cls):
+                it.__dict__["_reprobisect_loader"] = weakref.ref(loader)
+            return it
+
+        self._patch(cls, "_next_index", _next_index)
+        self._patch(cls, "__next__", __next__)
+        self._patch(dl.DataLoader, "__iter__", __iter__)
+
+    def _wrap_backward(self) -> None:
+        import torch.autograd as autograd
+
+        orig = autograd.__dict__["backward"]
+        rec = self
+
+        def backward(tensors, *args, **kwargs):
+            if not rec.done:
+                t0 = time.perf_counter()
+                for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
+                    if isinstance(t, torch.Tensor):
+                        rec._add("loss", "loss", t)
+                rec._record_s += time.perf_counter() - t0
+            return orig(tensors, *args, **kwargs)
+
+        backward.__wrapped__ = orig  # type: ignore[attr-defined]
+        self._patch(autograd, "backward", backward)
+
+    def _wrap_scaler(self) -> None:
+        try:
+            from torch.amp import grad_scaler
+        except ImportError:
+            return
+        cls = grad_scaler.GradScaler
+        orig = cls.__dict__["scale"]
+        rec = self
+
+        def scale(scaler, outputs):
+            rec._scaler = weakref.ref(scaler)
+            return orig(scaler, outputs)
+
+        self._patch(cls, "scale", scale)
+
+    def _wrap_schedulers(self) -> None:
+        try:
+            from torch.optim import lr_scheduler
+        except ImportError:
+            return
+        cls = lr_scheduler.LRScheduler
+        orig = cls.__dict__["__init__"]
+        rec = self
+
+        def __init__(sched, *args, **kwargs):
+            orig(sched, *args, **kwargs)
+            rec._schedulers.add(sched)
+
+        self._patch(cls, "__init__", __init__)
+
+    def _install_zoom(self) -> None:
+        try:
+            from reprobisect.runners import zoom_torch
+
+            self._zoom = zoom_torch.install_zoom(
+                self.policy.zoom_module, self.policy.zoom_step, current_step=lambda: self.step
+            )
+        except NotImplementedError:
+            self.notes.append("op-level zoom is not available in this build; recorded without it")
+            self._zoom = None
+
+    # -- roots and names ----------------------------------------------------------
+
+    def add_root(self, module: torch.nn.Module) -> str:
+        """Register ``module`` as a root (the first one is the model); returns its prefix."""
+        hit = self._roots.get(id(module))
+        if hit is not None and hit[0]() is module:
+            return hit[1]
+        if self._primary is None:
+            prefix = ""
+            self._primary = id(module)
+        else:
+            base = type(module).__name__
+            taken = {p for _, p in self._roots.values()}
+            prefix, k = base, 1
+            while prefix in taken:
+                prefix = f"{base}@{k}"
+                k += 1
+        self._roots[id(module)] = (weakref.ref(module), prefix)
+        for path, m in module.named_modules():
+            full = prefix + ("." if prefix and path else "") + path
+            self._names.setdefault(id(m), full or prefix)
+        for path, p in module.named_parameters():
+            full = prefix + ("." if prefix else "") + path
+            self._param_names.setdefault(id(p), full)
+            if p.requires_grad and id(p) not in self._hooked:
+                self._hooked.add(id(p))
+                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+        return prefix
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizers.add(optimizer)
+
+    def track_loader(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)
+
+    def _module_name(self, m: torch.nn.Module) -> str:
+        name = self._names.get(id(m))
+        if name is None:
+            parent = self._names.get(id(self._stack[-2])) if len(self._stack) > 1 else None
+            name = f"{parent}.<{type(m).__name__}>" if parent else f"<{type(m).__name__}>"
+            self._names[id(m)] = name
+        return name
+
+    def _param_name(self, p: torch.Tensor, g: int, i: int) -> str:
+        return self._param_names.get(id(p)) or f"param_groups.{g}.{i}"
+
+    # -- hooks --------------------------------------------------------------------
+
+    def _fwd_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        self._stack.append(module)
+        self._in_stack.append(None)
+        if self.done or not torch.is_grad_enabled():
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if len(self._stack) == 1:
+                self.add_root(module)
+                if not self._inputs_done:
+                    self._inputs_done = True
+                    ts = _tensors(args)
+                    for i, t in enumerate(ts):
+                        self._add("input", "input" if len(ts) == 1 else f"input[{i}]", t)
+            self._in_stack[-1] = [self._begin(t.detach()) for t in _tensors(args) if _fingerprintable(t)]
+        self._record_s += time.perf_counter() - t0
+
+    def _fwd(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        inputs = None
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+            inputs = self._in_stack.pop()
+        else:  # an exception unwound inner calls without their hooks
+            for k in range(len(self._stack) - 1, -1, -1):
+                if self._stack[k] is module:
+                    inputs = self._in_stack[k]
+                    del self._stack[k:], self._in_stack[k:]
+                    break
+        if self.done or not torch.is_grad_enabled() or output is None:
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            is_model = not self._stack and id(module) == self._primary
+            name = self._module_name(module)
+            if not self._stack and not inputs and kwargs:
+                inputs = [self._begin(t.detach()) for t in _tensors(kwargs) if _fingerprintable(t)]
+            ts = _tensors(output)
+            cls = type(module).__name__
+            for i, t in enumerate(ts):
+                if is_model:
+                    base = "output" if len(ts) == 1 else f"output[{i}]"
+                    self._add("output", base, t, module=cls, inputs=inputs)
+                else:
+                    self._add_activation(name, i, len(ts), t, cls, inputs)
+        self._record_s += time.perf_counter() - t0
+
+    def _add_activation(self, name: str, i: int, n: int, t: torch.Tensor, cls: str, inputs: list | None) -> None:
+        if i == 0:
+            k = self._occ.get(("activation", name), 0)
+            self._occ[("activation", name)] = k + 1
+            self._cur_call = name if k == 0 else f"{name}#{k}"
+        full = self._cur_call if n == 1 else f"{self._cur_call}[{i}]"
+        if not _fingerprintable(t):
+            return
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        t = t.detach()
+        e = _Entry(kind="activation", name=full, pending=self._begin(t), source=t, module=cls, inputs=inputs)
+        if self._full:
+            self._keep_array(e, t)
+        e.seq = len(self._entries)
+        self._entries.append(e)
+
+    def _grad_hook(self, p: torch.Tensor) -> None:
+        if self.done or p.grad is None or p.grad.is_sparse:
+            return
+        with torch.no_grad():
+            self._grad_norms[id(p)] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64)
+
+    def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
+        if self._t0 is None:
+            self._t0 = t0
+        self._data_wait += t1 - t0
+        ref = it.__dict__.get("_reprobisect_loader")
+        if ref is not None:
+            self._loader = ref
+        with torch.no_grad():
+            if idx is not None:
+                try:
+                    ids = np.asarray(idx, dtype=np.int64).reshape(-1)
+                except (TypeError, ValueError):
+                    ids = None
+                if ids is not None:
+                    self._batch_ids = (self._batch_ids or []) + ids.tolist()
+                    name = self._unique("batch", "ids")
+                    rec = record_array(name, "batch", ids)
+                    e = _Entry(kind="batch", name=name, record=rec, array=ids.copy() if self._full else None)
+                    e.seq = len(self._entries)
+                    self._entries.append(e)
+            ts = _tensors(data)
+            for i, t in enumerate(ts):
+                self._add("batch", f"data[{i}]", t)
+        self._record_s += time.perf_counter() - t1
+
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if self.done:
+            return
+        t0 = time.perf_counter()
+        self._optimizers.add(opt)
+        missing: list[str] = []
+        sq: list[torch.Tensor] = []
+        have = 0
+        with torch.no_grad():
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    name = self._param_name(p, g, i)
+                    if p.grad is None:
+                        missing.append(name)
+                        continue
+                    have += 1
+                    grad = p.grad.detach()
+                    self._add("grad", name, grad)
+                    n = self._grad_norms.get(id(p))
+                    if n is None and not grad.is_sparse:
+                        n = torch.linalg.vector_norm(grad, dtype=torch.float64)
+                    if n is not None:
+                        sq.append(n.to(sq[0].device) ** 2 if sq else n**2)
+            self._scalars["grad_norm_pending"] = torch.stack(sq).sum().sqrt() if sq else None
+        self._scalars["no_grad_params"] = missing
+        self._scalars["grad_params"] = have
+        self._scalars["no_gradients"] = have == 0
+        self._record_s += time.perf_counter() - t0
+
+    def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if self.done:
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    self._add("param", self._param_name(p, g, i), p)
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    state = opt.state.get(p)
+                    if not state:
+                        continue
+                    name = self._param_name(p, g, i)
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor):
+                            self._add("optim_state", f"{name}/{key}", value)
+        self._scalars["lr"] = [_float(group.get("lr")) for group in opt.param_groups]
+        self._record_s += time.perf_counter() - t0
+        self._end_step(opt)
+
+    # -- end of step --------------------------------------------------------------
+
+    def _end_step(self, opt: torch.optim.Optimizer) -> None:
+        t_end = time.perf_counter()
+        t_fin = time.perf_counter()
+        records: list[tuple[_Entry, Record]] = []
+        done_pending: dict[int, tuple[str, dict | None]] = {}
+        for e in self._entries:
+            if e.record is not None:
+                records.append((e, e.record))
+                continue
+            p = e.pending
+            assert p is not None
+            if id(p) not in done_pending:
+                done_pending[id(p)] = fpt.finish(p, source=e.source)
+            f, st = done_pending[id(p)]
+            ins = None
+            if e.inputs is not None:
+                ins_l = []
+                for q in e.inputs:
+                    if id(q) not in done_pending:
+                        done_pending[id(q)] = fpt.finish(q)
+                    ins_l.append(done_pending[id(q)][0])
+                ins = tuple(ins_l)
+            rec = Record(
+                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
+            )
+            records.append((e, rec))
+        records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
+
+        scalars = self._step_scalars(records)
+        first_bad = None
+        for e, rec in records:
+            if rec.stats and (rec.stats.get("nan") or rec.stats.get("inf")):
+                first_bad = f"{rec.kind} '{rec.name}'"
+                break
+        if first_bad:
+            scalars["first_nonfinite"] = first_bad
+            if self.first_nonfinite is None:
+                self.first_nonfinite = (self.step, first_bad)
+        self._record_s += time.perf_counter() - t_fin
+        if self._t0 is not None:
+            wall = t_end - self._t0
+            scalars["data_wait_s"] = round(self._data_wait, 6)
+            scalars["record_s"] = round(self._record_s, 6)
+            scalars["compute_s"] = round(max(0.0, wall - self._data_wait - self._record_s), 6)
+
+        self.writer.begin_step(self.step)
+        zoom_records = self._zoom_records()
+        for e, rec in records:
+            self.writer.record(rec, e.array)
+        for rec in zoom_records:
+            self.writer.record(rec)
+        self.writer.end_step(scalars, batch_ids=self._batch_ids)
+        self._disk_used = self._trace_bytes()
+
+        step = self.step
+        if step in self.policy.state_steps:
+            self._capture_state(step, opt)
+        self.step += 1
+        self._reset_step()
+        if first_bad and self.policy.stop_on_nonfinite:
+            self._finish(StopRun("nonfinite", step, f"first non-finite value at step {step}: {first_bad}"))
+        elif self.step >= self.policy.steps:
+            self._finish(StopRun("ok", step, f"recorded {self.step} step(s)"))
+
+    def _finish(self, stop: StopRun) -> None:
+        self.done = True
+        self.stop = stop
+        self._cache.clear()
+        if self.stop_at_limit:
+            raise stop
+
+    def _zoom_records(self) -> list[Record]:
+        if self._zoom is None:
+            return []
+        try:
+            return list(self._zoom.take())
+        except NotImplementedError:
+            return []
+
+    def _step_scalars(self, records: list[tuple[_Entry, Record]]) -> dict[str, Any]:
+        s: dict[str, Any] = {}
+        losses = [r for _, r in records if r.kind == "loss"]
+        if losses and losses[0].stats is not None and len(losses[0].shape) == 0:
+            s["loss"] = losses[0].stats["mean"]
+        gp = self._scalars.pop("grad_norm_pending", None)
+        if gp is not None:
+            s["grad_norm"] = _json_float(float(gp))
+        if self.policy.stats:
+            norms = [r.stat("norm") for _, r in records if r.kind == "grad"]
+            if norms and all(n is not None for n in norms):
+                s["grad_norm_at_step"] = _json_float(math.sqrt(sum(n * n for n in norms)))  # type: ignore[operator]
+        s.update(self._scalars)
+        scaler = self._scaler() if self._scaler is not None else None
+        if scaler is not None and scaler.is_enabled():
+            try:
+                s["scaler_scale"] = float(scaler.get_scale())
+            except Exception:
+                pass
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            s["cuda_memory_allocated"] = int(torch.cuda.memory_allocated())
+            s["cuda_memory_reserved"] = int(torch.cuda.memory_reserved())
+        return s
+
+    def _trace_bytes(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.writer.path):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, f))
+                except OSError:
+                    pass
+        return total
+
+    def state_objects(self, opt: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+        """The stateful objects seen so far: model(s), optimizer(s), schedulers, scaler."""
+        objs: dict[str, Any] = {}
+        for ref, prefix in self._roots.values():
+            m = ref()
+            if m is not None:
+                objs["model" if prefix == "" else f"model.{prefix}"] = m
+        opts = list(self._optimizers)
+        if opt is not None and opt in opts:
+            opts.remove(opt)
+            opts.insert(0, opt)
+        for i, o in enumerate(opts):
+            objs["optimizer" if i == 0 else f"optimizer{i}"] = o
+        for i, s in enumerate(self._schedulers):
+            objs["scheduler" if i == 0 else f"scheduler{i}"] = s
+        scaler = self._scaler() if self._scaler is not None else None
+        if scaler is not None:
+            objs["scaler"] = scaler
+        return objs
+
+    def _capture_state(self, step: int, opt: torch.optim.Optimizer) -> None:
+        budget = self.policy.max_disk
+        if budget is not None and self._disk_used >= budget:
+            msg = f"state at step {step} not captured: the trace already holds {self._disk_used} bytes (--max-disk {budget})"
+            self.notes.append(msg)
+            print(f"reprobisect: {msg}", file=sys.stderr)
+            return
+        try:
+            from reprobisect.runners.torch_state import capture_state
+        except ImportError:
+            self.notes.append(f"state at step {step} not captured: state capture is not available in this build")
+            return
+        loader = self._loader() if self._loader is not None else None
+        try:
+            capture_state(self.writer, step, self.state_objects(opt), loader=loader)
+        except NotImplementedError:
+            self.notes.append(f"state at step {step} not captured: state capture is not available in this build")
+            return
+        self._disk_used = self._trace_bytes()
+        if budget is not None and self._disk_used > budget:
+            msg = f"the state at step {step} took the trace to {self._disk_used} bytes, over --max-disk {budget}"
+            self.notes.append(msg)
+            print(f"reprobisect: {msg}", file=sys.stderr)
+
+    def shutdown_loaders(self) -> None:
+        """Stop the worker processes of every DataLoader iterator seen (multi-process loading)."""
+        for it in list(self._iters):
+            shut = getattr(it, "_shutdown_workers", None)
+            if shut is not None:
+                try:
+                    shut()
+                except Exception:
+                    pass
+
+
+def _float(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.item()
+    try:
+        return _json_float(float(x))
+    except (TypeError, ValueError):
+        return None
+
+
+def _json_float(x: float) -> float | str:
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
