@@ -17,8 +17,8 @@ Histories with merges: ``commit_range`` lists the commits between good and bad o
 ancestry path (``git rev-list --ancestry-path --topo-order --reverse``), oldest first,
 and ``commit_parents`` gives their parents. Bisecting that list as a plain line is what
 many tools do, and it can go wrong: with a culprit on a side branch, commits of the
-other branch listed after it still test good, and a line search then reports a
-contradiction (or, with skips, a wrong range). So drivers pass the parents to
+other branch listed after it still test good, so a line search either names the merge
+that brought the change in or meets a contradiction. So drivers pass the parents to
 ``search.Bisection(points, parents=...)``, which searches the graph as ``git bisect``
 does (a bad commit keeps only its ancestors as candidates, a good one removes its
 ancestors) and names a bad commit whose parents are all good. With
