@@ -162,9 +162,10 @@ def render_envs(r: EnvsResult) -> str:
     from reprobisect.envdiff import format_changes
     from reprobisect.repro import render_comparison
 
-    lines = [f"a: {r.a.text}", f"b: {r.b.text}"]
-    env = format_changes(r.env_changes)
-    lines.append(env if env else "environments: no recorded difference")
-    lines.append("runs agree" if r else "runs differ")
-    lines.append(render_comparison(r.comparison))
+    lines = [f"side a: {r.a.text}", f"side b: {r.b.text}"]
+    text = render_comparison(r.comparison)
+    if "environment" not in text:  # compare's renderer shows the environment diff itself
+        env = format_changes(r.env_changes)
+        lines.append(env if env else "environments: no recorded difference")
+    lines.append(text)
     return "\n".join(lines)

@@ -47,6 +47,7 @@ __all__ = [
     "retry_once",
     "compare_traces",
     "as_tolerance",
+    "summarize",
     "kill_all_running",
     "TAIL_BYTES",
     "KILL_GRACE_S",
@@ -484,7 +485,17 @@ def classify(result: ProbeResult, check: str, reference: Any = None, tolerance: 
 def _from_comparison(comp: Any, check: str, good: str, bad: str) -> Verdict:
     if bool(comp):
         return Verdict("good", good, comparison=comp, check=check)
-    return Verdict("bad", f"{bad}: {comp}", comparison=comp, check=check)
+    return Verdict("bad", f"{bad}: {summarize(comp)}", comparison=comp, check=check)
+
+
+def summarize(comp: Any) -> str:
+    """One line naming a comparison's first divergence (step, kind, tensor, module)."""
+    d = getattr(comp, "first", None)
+    if d is None:
+        structure = getattr(comp, "structure", "")
+        return structure or ("agree" if comp else "differ")
+    mod = f" ({d.module})" if getattr(d, "module", None) else ""
+    return f"first divergence at step {d.step}, {d.kind} '{d.name}'{mod}: {d.verdict}"
 
 
 def run_with_retry(executor: Executor, spec: ProbeSpec, retries: int = 1) -> ProbeResult:

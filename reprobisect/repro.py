@@ -239,6 +239,8 @@ def render_repro(result: ReproResult) -> str:
     env_vars = result.environment_set.get("env_vars") or {}
     if env_vars:
         lines.append("environment set: " + ", ".join(f"{k}={v}" for k, v in sorted(env_vars.items())))
+    if "PYTHONHASHSEED" not in env_vars:
+        lines.append("PYTHONHASHSEED: unset (string hashing, and so set order, is randomised per run)")
     threads = result.environment_set.get("threads") or {}
     if threads:
         lines.append("threads: " + ", ".join(f"{k}={v}" for k, v in sorted(threads.items())))

@@ -37,4 +37,8 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
         r = report.result
         where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
         click.echo(f"{report.verdict.verdict}{where}: {report.verdict.reason}")
+        if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
+            from reprobisect.repro import render_comparison
+
+            click.echo(render_comparison(report.verdict.comparison))
     return report.exit_code
