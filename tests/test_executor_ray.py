@@ -1,0 +1,421 @@
+"""The Ray executor on a real local Ray cluster (``ray.cluster_utils.Cluster``, 3 nodes).
+
+One cluster per module: a head (1 CPU), a node with one logical GPU (1 CPU, custom
+resource ``gpu_node``) and a CPU node (1 CPU). Most tests use a small probe runner
+(``_runner``) that reads ``value.txt`` / ``mode.txt`` from the code it was shipped and
+writes a real trace, so that Ray's plumbing (archives, placement, retries, cancellation,
+fetching) is tested in seconds; the end-to-end test runs the real launcher through
+``bisect runs``'s driver with both executors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import wait
+from pathlib import Path
+
+import pytest
+
+from reprobisect.errors import ProbeError, UsageError
+from reprobisect.executors import Executor, ProbeSpec, make_executor
+from reprobisect.search import Bisection
+from reprobisect.trace import read_trace
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from reprobisect.executors.ray import RayExecutor, RayProbeResult, archive_commit  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CULPRIT = 7  # index in the generated history of the commit that changes value.txt
+N_COMMITS = 12
+
+
+def _make_runner():
+    """A probe runner for the workers (defined in a closure so Ray pickles it by value)."""
+
+    def runner(spec, workdir, trace_dir):
+        import json as _json
+        import os as _os
+        import time as _time
+
+        import numpy as np
+
+        from reprobisect.executors.base import ProbeResult
+        from reprobisect.outcome import Outcome
+        from reprobisect.trace import TraceWriter, record_array
+
+        t0 = _time.time()
+        cwd = workdir / spec.subdir
+        mode = (cwd / "mode.txt").read_text().split() if (cwd / "mode.txt").exists() else []
+        pidfile = spec.env.get("PIDFILE")
+        if pidfile:
+            with open(pidfile, "a") as f:
+                f.write(f"{_os.getpid()}\n")
+        if mode[:1] == ["sleep"]:
+            _time.sleep(float(mode[1]))
+        if mode[:1] == ["die"]:
+            _os._exit(1)
+        if mode[:1] == ["die-once"]:
+            marker = spec.env["MARKER"]
+            if not _os.path.exists(marker):
+                open(marker, "w").close()
+                _os._exit(1)
+        value = float((cwd / "value.txt").read_text())
+        with TraceWriter(trace_dir, command=list(spec.argv)) as w:
+            for step in range(2):
+                w.begin_step(step)
+                a = np.full((4096,), value + step, dtype=np.float32)
+                w.record(record_array("w", "param", a), a if step in spec.full_steps else None)
+                w.end_step({"loss": value})
+        info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "t0": t0, "t1": _time.time()}
+        return ProbeResult(spec=spec, outcome=Outcome("ok"), trace_dir=str(trace_dir), stdout_tail=_json.dumps(info))
+
+    return runner
+
+
+RUNNER = _make_runner()
+
+
+def _info(res) -> dict:
+    return json.loads(res.stdout_tail)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "_system_config": {
+                "health_check_initial_delay_ms": 0,
+                "health_check_period_ms": 1000,
+                "health_check_failure_threshold": 2,
+            },
+        },
+    )
+    gpu = c.add_node(num_cpus=1, num_gpus=1, resources={"gpu_node": 1})
+    cpu = c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    c.gpu_node, c.cpu_node = gpu, cpu
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A git repository of N_COMMITS commits; commit CULPRIT changes value.txt from 1.0 to 1.5."""
+    repo = tmp_path_factory.mktemp("history")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    commits = []
+    for i in range(N_COMMITS):
+        (repo / "value.txt").write_text("1.5\n" if i >= CULPRIT else "1.0\n")
+        (repo / "mode.txt").write_text("sleep 0.3\n")
+        (repo / "notes.txt").write_text(f"edit {i}\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", f"commit {i}")
+        commits.append(git("rev-parse", "HEAD").stdout.strip())
+    return repo, commits
+
+
+def _spec(key: str, repo: Path | None = None, rev: str | None = None, workdir: Path | None = None, **kw) -> ProbeSpec:
+    return ProbeSpec(key=key, argv=("python", "train.py"), repo=str(repo) if repo else None, revision=rev,
+                     workdir=str(workdir) if workdir else None, **kw)
+
+
+def _folder(tmp_path: Path, name: str, value: str = "1.0", mode: str = "") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "value.txt").write_text(value)
+    if mode:
+        (d / "mode.txt").write_text(mode)
+    return d
+
+
+def _w(result, step: int = 0, ex: RayExecutor | None = None):
+    trace = ex.open_trace(result) if ex else read_trace(result.trace_dir)
+    return next(r for r in trace.step(step).records if r.name == "w")
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_protocol_and_usage_errors(cluster):
+    with RayExecutor(runner=RUNNER) as ex:
+        assert isinstance(ex, Executor)
+        assert ex.name == "ray"
+        assert ex.max_parallel == 3  # three 1-CPU nodes
+    with pytest.raises(UsageError, match="unknown placement 'diagonal'"):
+        RayExecutor(placement="diagonal")
+    with pytest.raises(ProbeError, match=r"no node of the Ray cluster can run a probe that needs .*4 GPU.*largest node has .*1 GPU"):
+        RayExecutor(gpus_per_probe=4)
+    assert ray.is_initialized()  # an executor that joined a running Ray leaves it running
+
+
+def test_commit_shipped_as_archive_and_checked(cluster, history, tmp_path):
+    repo, commits = history
+    with RayExecutor(runner=RUNNER, out_dir=tmp_path / "out") as ex:
+        res = ex.submit(_spec("c3", repo, commits[3])).result(timeout=120)
+        assert isinstance(res, RayProbeResult) and res.outcome.status == "ok", res.outcome
+        assert res.commit_ran == commits[3]
+        assert Path(res.trace_dir) == tmp_path / "out" / "c3-a0"
+        assert read_trace(res.trace_dir).step(0).scalars["loss"] == 1.0
+        placed = json.loads((Path(res.trace_dir) / "ray.json").read_text())
+        assert placed["node_id"] == res.node_id and placed["device_type"] == "cpu"
+        # the commit that ran is the commit the archive carried, not what the spec claims:
+        ex._archives[(str(repo), commits[9])] = ray.put(archive_commit(repo, commits[2]))
+        stale = ex.submit(_spec("c9", repo, commits[9])).result(timeout=120)
+        assert stale.outcome.status == "infra"
+        assert f"stale code: the worker ran {commits[2]}, not {commits[9]}" in stale.outcome.detail
+
+
+def test_gpu_probes_land_on_the_gpu_node_one_process_each(cluster, tmp_path):
+    work = _folder(tmp_path, "w")
+    with RayExecutor(runner=RUNNER, gpus_per_probe=1) as ex:
+        assert ex.max_parallel == 1
+        futs = [ex.submit(_spec(f"g{i}", workdir=work)) for i in range(2)]
+        results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r.outcome.status == "ok", r.outcome
+        assert r.node_id == cluster.gpu_node.node_id
+        assert r.gpu_ids == ("0",) and r.device_type == "GPU"
+        assert _info(r)["cuda"] == "0"
+    assert _info(results[0])["pid"] != _info(results[1])["pid"]  # max_calls=1: a fresh worker per probe
+
+
+def test_traces_stay_remote_until_fetched(cluster, tmp_path):
+    work = _folder(tmp_path, "w", value="2.0")
+    with RayExecutor(runner=RUNNER, eager_bytes=0, out_dir=tmp_path / "out") as ex:
+        res = ex.submit(_spec("lazy", workdir=work, full_steps=(1,))).result(timeout=120)
+        assert res.outcome.status == "ok", res.outcome
+        shard = "tensors/step-000001.safetensors"
+        assert set(res.remote_files) == {shard}
+        local = Path(res.trace_dir)
+        assert sorted(p.name for p in local.iterdir()) == ["manifest.json", "ray.json", "steps.jsonl"]
+        trace = ex.open_trace(res)  # readable now: steps local, shard still remote
+        assert trace.step(0).scalars["loss"] == 2.0
+        assert not (local / shard).exists()
+        rec = next(r for r in trace.step(1).records if r.name == "w")
+        arr = trace.tensor(1, rec)  # pulls the shard from the node that ran the probe
+        assert (local / shard).is_file() and arr.shape == (4096,) and float(arr[0]) == 3.0
+        assert ex.fetch(res, "manifest.json") == (local / "manifest.json").read_bytes()
+        with pytest.raises(UsageError, match="not a path inside a trace"):
+            ex.fetch(res, "../etc/passwd")
+        read_trace(ex.pull(res))  # every file local: the full validating reader accepts it
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+def test_pairs_pack_on_one_node_and_spread_on_two(cluster, tmp_path):
+    work = _folder(tmp_path, "w")
+    with RayExecutor(runner=RUNNER, placement_timeout=30) as ex:
+        a, b = ex.submit_pair(_spec("pa", workdir=work), _spec("pb", workdir=work), placement="spread")
+        ra, rb = a.result(timeout=120), b.result(timeout=120)
+        assert ra.outcome.status == rb.outcome.status == "ok"
+        assert ra.node_id != rb.node_id and ra.placement == rb.placement == "spread"
+    with RayExecutor(runner=RUNNER, cpus_per_probe=0.5, placement_timeout=30) as ex:
+        a, b = ex.submit_pair(_spec("qa", workdir=work), _spec("qb", workdir=work), placement="pack")
+        ra, rb = a.result(timeout=120), b.result(timeout=120)
+        assert ra.outcome.status == rb.outcome.status == "ok"
+        assert ra.node_id == rb.node_id and ra.device_type == rb.device_type == "cpu"
+        assert json.loads((Path(ra.trace_dir) / "ray.json").read_text())["placement"] == "pack"
+
+
+def test_unsatisfiable_placement_fails_fast_with_a_clear_message(cluster, tmp_path):
+    work = _folder(tmp_path, "w")
+    with RayExecutor(runner=RUNNER, gpus_per_probe=1, placement_timeout=3) as ex:
+        t0 = time.monotonic()
+        a, b = ex.submit_pair(_spec("xa", workdir=work), _spec("xb", workdir=work), placement="pack")
+        with pytest.raises(ProbeError, match=r"cannot place the pair 'xa' / 'xb' \(pack: STRICT_PACK, 2 x \[1 CPU, 1 GPU\] on one node\) within 3 s"):
+            a.result(timeout=60)
+        with pytest.raises(ProbeError):
+            b.result(timeout=5)
+        assert time.monotonic() - t0 < 30
+        # the executor still works afterwards (the placement group was released)
+        assert ex.submit(_spec("after", workdir=work)).result(timeout=120).outcome.status == "ok"
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_timeout_cancels_the_task_and_kills_its_worker(cluster, tmp_path):
+    work = _folder(tmp_path, "w", mode="sleep 60")
+    pidfile = tmp_path / "pids"
+    with RayExecutor(runner=RUNNER, start_grace_s=2) as ex:
+        t0 = time.monotonic()
+        res = ex.submit(_spec("slow", workdir=work, timeout=1.0, env={"PIDFILE": str(pidfile)})).result(timeout=60)
+        assert res.outcome.status == "timeout", res.outcome
+        assert "ray.cancel" in res.outcome.detail
+        assert time.monotonic() - t0 < 40
+    pid = int(pidfile.read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the worker process {pid} of a cancelled probe is still alive")
+
+
+def test_dead_worker_is_retried_then_infra_never_bad(cluster, tmp_path):
+    once = _folder(tmp_path, "once", value="4.0", mode="die-once")
+    always = _folder(tmp_path, "always", mode="die")
+    pids = tmp_path / "pids"
+    with RayExecutor(runner=RUNNER, max_retries=1, out_dir=tmp_path / "out") as ex:
+        r1 = ex.submit(_spec("once", workdir=once, env={"MARKER": str(tmp_path / "m"), "PIDFILE": str(pids)})).result(timeout=120)
+        r2 = ex.submit(_spec("always", workdir=always)).result(timeout=120)
+    assert len(pids.read_text().split()) == 2  # the first execution died, Ray ran it again
+    assert r1.outcome.status == "ok", r1.outcome
+    assert read_trace(r1.trace_dir).step(0).scalars["loss"] == 4.0  # one execution's trace, whole
+    assert r2.outcome.status == "infra", r2.outcome
+    assert "after 1 retries" in r2.outcome.detail
+
+
+# --------------------------------------------------------------------------- searching
+
+
+def _search(ex: RayExecutor, repo: Path, commits: list[str], k: int, on_round=None):
+    """Bisection over the history with K probes in flight; verdict = w matches the good commit."""
+    ref = ex.submit(_spec("ref", repo, commits[0])).result(timeout=120)
+    ref_fp = _w(ref, ex=ex).fingerprint
+    b = Bisection(commits)
+    results = []
+    rounds = 0
+    while not b.done:
+        points = b.next(k)
+        rounds += 1
+        futs = {ex.submit(_spec(f"p{commits.index(p)}", repo, p)): p for p in points}
+        if on_round:
+            on_round(rounds)
+        wait(futs, timeout=180)
+        for f, p in futs.items():
+            r = f.result(timeout=1)
+            results.append(r)
+            verdict = "skip" if not r.outcome else ("good" if _w(r, ex=ex).fingerprint == ref_fp else "bad")
+            b.mark(p, verdict)
+    return b.result(), rounds, results
+
+
+def test_k3_parallel_search_finds_the_culprit(cluster, history, tmp_path):
+    repo, commits = history
+    with RayExecutor(runner=RUNNER, max_parallel=3, out_dir=tmp_path / "out") as ex:
+        result, rounds, results = _search(ex, repo, commits, 3)
+    assert result.first_bad == commits[CULPRIT]
+    assert rounds <= math.ceil(math.log(N_COMMITS - 1, 4)) + 1
+    assert all(r.commit_ran == r.spec.revision for r in results)
+    spans = sorted((_info(r)["t0"], _info(r)["t1"]) for r in results)
+    assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "no two probes ran at the same time"
+    assert len({r.node_id for r in results}) >= 2
+
+
+def test_killing_a_node_mid_search_still_finds_the_culprit(cluster, history, tmp_path):
+    repo, commits = history
+    killed = []
+
+    def kill_once(round_no):
+        if round_no == 1 and not killed:
+            time.sleep(0.5)  # the round's probes are running (each sleeps 0.3 s after start-up)
+            cluster.remove_node(cluster.cpu_node, allow_graceful=False)
+            killed.append(True)
+
+    try:
+        with RayExecutor(runner=RUNNER, max_parallel=3, max_retries=3, start_grace_s=60) as ex:
+            result, _, results = _search(ex, repo, commits, 3, on_round=kill_once)
+    finally:
+        cluster.cpu_node = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+    assert killed
+    assert result.first_bad == commits[CULPRIT]
+    assert all(r.outcome.status == "ok" for r in results), [str(r.outcome) for r in results]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+_TRAIN = textwrap.dedent(
+    """
+    import torch
+    torch.manual_seed(0)
+    SCALE = {scale}
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.mul_(SCALE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(8, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    """
+)
+
+
+def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path):
+    pytest.importorskip("reprobisect.runners.launch")
+    from reprobisect.options import ProbeOptions
+    from reprobisect.runs import RunsConfig, find_first_bad
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    commits = []
+    for i in range(6):
+        (repo / "train.py").write_text(_TRAIN.format(scale="1.5" if i >= 4 else "1.0") + f"# edit {i}\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", f"c{i}")
+        commits.append(git("rev-parse", "HEAD").stdout.strip())
+    answers = {}
+    for name, ex in (
+        ("ray", RayExecutor(max_parallel=2)),
+        ("local", make_executor("local", jobs=2, cache_dir=tmp_path / f"cache-{len(answers)}")),
+    ):
+        with ex:
+            cfg = RunsConfig(good=commits[0], bad=commits[-1], command=(sys.executable, "train.py"), repo=str(repo),
+                             cwd=str(repo), cache_dir=str(tmp_path / f"runs-{name}"), options=ProbeOptions(steps=2, quiet=True))
+            answers[name] = find_first_bad(cfg, executor=ex)
+    assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[4]
+
+
+def test_local_instance_started_and_shut_down(tmp_path):
+    """Without an address the executor starts its own Ray (no dashboard) and stops it on close."""
+    script = tmp_path / "local_ray.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            from pathlib import Path
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            import ray
+            from test_executor_ray import RUNNER, _spec
+            from reprobisect.executors.ray import RayExecutor
+            work = Path({str(tmp_path)!r}) / "w"; work.mkdir(); (work / "value.txt").write_text("7")
+            ex = RayExecutor(runner=RUNNER, num_cpus=1, temp_dir={str(tmp_path / "ray")!r})
+            started = ray.is_initialized()
+            res = ex.submit(_spec("solo", workdir=work)).result(timeout=120)
+            out = ex.out_dir
+            ex.close()
+            print(json.dumps({{"started": started, "status": res.outcome.status, "after": ray.is_initialized(),
+                               "out_left": out.exists()}}))
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"started": True, "status": "ok", "after": False, "out_left": False}
