@@ -492,9 +492,6 @@ class Divergence:
     only_in: str | None = None  # 'a' or 'b' for verdict 'missing'
     order: int = -1
 
-    def __bool__(self) -> bool:
-        return False
-
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
@@ -554,7 +551,7 @@ class Comparison:
     @property
     def origin(self) -> Divergence | None:
         """The first divergence that introduced a difference (not merely passed one on)."""
-        for d in ((self.first,) if self.first else ()) + self.next:
+        for d in ((self.first,) if self.first is not None else ()) + self.next:
             if d.origin:
                 return d
         return None
@@ -574,7 +571,7 @@ class Comparison:
             "steps": {"a": list(self.steps_a), "b": list(self.steps_b), "compared": self.steps_compared},
             "structure": self.structure or None,
             "records_compared": self.records_compared,
-            "first": self.first.to_json() if self.first else None,
+            "first": self.first.to_json() if self.first is not None else None,
             "next": [d.to_json() for d in self.next],
             "per_step": [s.to_json() for s in self.per_step],
             "tensors_read": self.tensors_read,
