@@ -148,12 +148,16 @@ def open_repo(path: str | os.PathLike[str] = ".") -> RepoInfo:
         raise UsageError(f"directory {path} does not exist")
     if p.is_file():
         p = p.parent
-    proc = _git(["rev-parse", "--is-bare-repository", "--absolute-git-dir", "--git-common-dir", "--show-toplevel"], p, check=False)
+    proc = _git(["rev-parse", "--is-bare-repository", "--is-inside-git-dir", "--absolute-git-dir", "--git-common-dir"], p, check=False)
     if proc.returncode != 0:
         raise UsageError(f"not a git repository: {p} (run from inside a repository or pass its path)")
     lines = proc.stdout.splitlines()
-    if lines and lines[0] == "true" or len(lines) < 4:
-        raise UsageError(f"{p} is a bare repository or a git directory: run from a working tree of it")
+    if len(lines) < 4 or "true" in lines[:2]:
+        raise UsageError(f"{p} is a bare repository or inside a git directory: run from a working tree of it")
+    top = _git(["rev-parse", "--show-toplevel"], p, check=False)
+    if top.returncode != 0 or not top.stdout.strip():
+        raise UsageError(f"{p} has no working tree: run from a working tree of the repository")
+    lines = [lines[0], lines[2], lines[3], top.stdout.strip()]
     git_dir = Path(lines[1]).resolve()
     common = Path(lines[2])
     common = (common if common.is_absolute() else p / common).resolve()
