@@ -158,13 +158,29 @@ _NEUTRAL: list[tuple[str, Edit]] = [
     ("train: tidy imports", _sub("train.py", "import argparse\n", "import argparse\nimport sys  # noqa: F401 (kept for --help on old pythons)\n")),
 ]
 
-_CULPRIT: tuple[str, Edit] = (
-    "model: hoist the LayerNorm eps into a module constant",
-    lambda root: (
-        _sub("model.py", "from torch import nn\n", "from torch import nn\n\nNORM_EPS = 1e-6  # shared by every norm layer\n")(root),
-        _sub("model.py", "nn.LayerNorm(hidden, eps=1e-5)", "nn.LayerNorm(hidden, eps=NORM_EPS)")(root),
+_CULPRITS: dict[str, tuple[str, Edit]] = {
+    # silently changes numerics: the LayerNorm eps moves into a constant with another value
+    "numerics": (
+        "model: hoist the LayerNorm eps into a module constant",
+        lambda root: (
+            _sub("model.py", "from torch import nn\n", "from torch import nn\n\nNORM_EPS = 1e-6  # shared by every norm layer\n")(root),
+            _sub("model.py", "nn.LayerNorm(hidden, eps=1e-5)", "nn.LayerNorm(hidden, eps=NORM_EPS)")(root),
+        ),
     ),
-)
+    # crashes after training started (step 2): a checkpoint helper that does not exist
+    "crash": (
+        "train: checkpoint every 2 steps",
+        _sub("train.py", "            step += 1\n", "            step += 1\n            if step % 2 == 0:\n                save_checkpoint(model, step)  # noqa: F821\n"),
+    ),
+    # non-finite from the first step: the loss is divided by (1 - smoothing) with smoothing 1.0
+    "nan": (
+        "train: normalise the loss by the label smoothing",
+        lambda root: (
+            _sub("train.py", "from model import MLP\n", "from model import MLP\n\nLABEL_SMOOTHING = 1.0\n")(root),
+            _sub("train.py", "            loss.backward()\n", "            (loss / (1.0 - LABEL_SMOOTHING)).backward()\n")(root),
+        ),
+    ),
+}
 _BROKEN: tuple[str, Edit] = (
     "model: import init helpers",
     _sub("model.py", "from torch import nn\n", "from torch import nn\nfrom torch.nn import intit  # noqa: F401\n"),
@@ -214,17 +230,22 @@ def build_demo_repo(
     broken_at: int | None = 6,
     broken_fixed: bool = True,
     culprit_on_branch: bool = False,
+    culprit_kind: str = "numerics",
     subdir: str = ".",
 ) -> DemoRepo:
     """Create the demo repository at ``path`` (a new or empty folder); returns its layout.
 
     ``n_commits`` counts commits after the root; commit ``culprit_at`` (1-based) changes
     the numerics; commit ``broken_at`` (None: none) does not import and, with
-    ``broken_fixed``, the next commit fixes it (else every commit after it stays broken
-    until... never: use it only next to the culprit). With ``culprit_on_branch`` the
+    ``broken_fixed`` (default), the next commit fixes it; without, every later commit
+    stays broken. With ``culprit_on_branch`` the
     culprit and two neutral commits are made on a side branch that is merged back with
-    ``--no-ff``. ``subdir`` puts the project in a subfolder of the repository.
+    ``--no-ff``. ``culprit_kind``: 'numerics' (silent change), 'crash' (raises at step 2)
+    or 'nan' (NaN loss from step 1). When the culprit directly follows the broken commit,
+    the culprit also repairs the import (so the two are indistinguishable: "could be any of").
+    ``subdir`` puts the project in a subfolder of the repository.
     """
+    culprit_edit = _CULPRITS[culprit_kind]
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     if any(root.iterdir()):
@@ -265,8 +286,11 @@ def build_demo_repo(
     neutral = iter(_NEUTRAL * 4)
     i = 1
     while i <= n_commits:
-        if i == culprit_at:
-            plan.append((*_CULPRIT, "culprit"))
+        if i == culprit_at and broken_at is not None and i == broken_at + 1:
+            subject, e1 = culprit_edit
+            plan.append((subject, (lambda r, e1=e1: (e1(r), _FIX[1](r))), "culprit+fix"))
+        elif i == culprit_at:
+            plan.append((*culprit_edit, "culprit"))
         elif broken_at is not None and i == broken_at:
             plan.append((*_BROKEN, "broken"))
         elif broken_at is not None and broken_fixed and i == broken_at + 1:
@@ -281,7 +305,7 @@ def build_demo_repo(
     branch_commits: list[str] = []
     open_broken = False
     for idx, (subject, edit, kind) in enumerate(plan, 1):
-        if culprit_on_branch and kind == "culprit":
+        if culprit_on_branch and kind.startswith("culprit"):
             _git(root, "checkout", "-q", "-b", "feature")
             edit(proj)
             culprit = commit(subject)
@@ -302,11 +326,11 @@ def build_demo_repo(
         edit(proj)
         h = commit(subject)
         commits.append(h)
-        if kind == "culprit":
+        if kind.startswith("culprit"):
             culprit = h
         if kind == "broken":
             open_broken = True
-        if kind == "fix":
+        if kind.endswith("fix"):
             open_broken = False
         if open_broken:
             broken.append(h)

@@ -222,7 +222,7 @@ class _Prober:
         self.runs = 0
         self.stopping = False
 
-    def key(self, commit: str) -> str:
+    def key(self, commit: str, full_steps: tuple[int, ...] | None = None) -> str:
         o = self.cfg.options
         return cache_key(
             commit=commit,
@@ -230,14 +230,14 @@ class _Prober:
             subdir=self.subdir,
             env=self.env,
             steps=o.steps,
-            full_steps=list(o.full_steps),
+            full_steps=list(o.full_steps if full_steps is None else full_steps),
             check=self.cfg.check,
             tolerance=self.tolerance,
             repeat=self.cfg.repeat,
             reference=self.reference_commit if self.cfg.check == "match" else None,
         )
 
-    def _spec(self, commit: str) -> ProbeSpec:
+    def _spec(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeSpec:
         with self._lock:
             self._counter += 1
             n = self._counter
@@ -250,14 +250,14 @@ class _Prober:
             subdir=self.subdir,
             env=dict(self.cfg.env),
             steps=o.steps,
-            full_steps=tuple(o.full_steps),
+            full_steps=tuple(o.full_steps if full_steps is None else full_steps),
             stop_on_nonfinite=self.cfg.check == "finite",
             timeout=o.timeout,
         )
 
-    def _run_once(self, commit: str) -> ProbeResult:
+    def _run_once(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeResult:
         """One probe with infrastructure retries (timeout / infra re-run ``retries`` times)."""
-        spec = self._spec(commit)
+        spec = self._spec(commit, full_steps)
         attempt = 0
         while True:
             if self.stopping:
@@ -270,14 +270,14 @@ class _Prober:
             attempt += 1
             spec = replace(spec, attempt=spec.attempt + 1)
 
-    def _classify_one(self, commit: str) -> tuple[str, str, ProbeResult]:
+    def _classify_one(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[str, str, ProbeResult]:
         from reprobisect.probe import classify
 
-        res = self._run_once(commit)
+        res = self._run_once(commit, full_steps)
         if res.commit_ran and res.commit_ran != commit:
             return "skip", f"the probe ran {res.commit_ran[:10]}, not {commit[:10]} (stale checkout)", res
         if self.cfg.check == "repro":
-            other = self._run_once(commit)
+            other = self._run_once(commit, full_steps)
             v = classify(res, "repro", reference=other, tolerance=self.tolerance)
         elif self.cfg.check == "match" and self.reference is not None:
             v = classify(res, "match", reference=self.reference, tolerance=self.tolerance)
@@ -292,17 +292,17 @@ class _Prober:
                 return "good", "recorded the reference trace", res
         else:
             v = classify(res, self.cfg.check, tolerance=self.tolerance)
-        return v.verdict, v.reason, res
+        return v.verdict, _short_reason(v), res
 
-    def judge(self, commit: str, *, use_cache: bool = True) -> _Judged:
+    def judge(self, commit: str, *, use_cache: bool = True, full_steps: tuple[int, ...] | None = None) -> _Judged:
         t0 = time.monotonic()
-        key = self.key(commit)
+        key = self.key(commit, full_steps)
         if use_cache:
             hit = self.cache.get(key)
             if hit is not None:
                 return _Judged(commit, hit.verdict, hit.reason, hit.outcome, str(hit.trace) if hit.trace else None, 0, True, 0.0)
         runs0 = self.runs
-        results: list[tuple[str, str, ProbeResult]] = [self._classify_one(commit) for _ in range(max(1, self.cfg.repeat))]
+        results: list[tuple[str, str, ProbeResult]] = [self._classify_one(commit, full_steps) for _ in range(max(1, self.cfg.repeat))]
         verdicts = [v for v, _, _ in results]
         tested = [v for v in verdicts if v != "skip"]
         if not tested:
@@ -323,6 +323,21 @@ class _Prober:
 
 
 # --------------------------------------------------------------------------- the driver
+
+
+def _short_reason(v: Any) -> str:
+    """A verdict's reason on one line (a comparison becomes its first divergence)."""
+    comp = getattr(v, "comparison", None)
+    if comp is not None and not bool(comp) and getattr(comp, "first", None) is not None:
+        from reprobisect.render import render_divergence
+
+        d = comp.first
+        where = f"step {d.step} · {d.kind} · {d.name}" + (f" ({d.module})" if d.module else "")
+        return f"differs from the good commit's trace at {where}"
+    if comp is not None and not bool(comp) and getattr(comp, "structure", ""):
+        return f"differs from the good commit's trace: {comp.structure}"
+    lines = [ln for ln in str(v.reason).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
 
 
 def _short(c: str) -> str:
@@ -355,6 +370,21 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     if origin is not None and origin is not first:
         text += "\n  origin (inputs agree, output differs): " + render_divergence(origin)
     return data, text
+
+
+def _cached_trace(cache: ResultCache, prober: "_Prober", commit: str) -> str | None:
+    hit = cache.get(prober.key(commit))
+    return str(hit.trace) if hit and hit.trace else None
+
+
+def _parent_on_axis(commit: str, points: list[str], parents: dict[str, tuple[str, ...]] | None) -> str:
+    """The culprit's parent to re-check and compare against: its first parent on the axis."""
+    if parents:
+        on_axis = set(points)
+        for p in parents.get(commit, ()):
+            if p in on_axis:
+                return p
+    return points[points.index(commit) - 1]
 
 
 def find_first_bad(
@@ -402,8 +432,8 @@ def find_first_bad(
             subdir = "."
     good = _g.resolve(info, cfg.good)
     bad = _g.resolve(info, cfg.bad)
-    commits = _g.commit_range(info, cfg.good, cfg.bad, first_parent=cfg.first_parent)
-    points = [good, *commits]
+    points, parents = _g.bisect_axis(info, good, cfg.bad, first_parent=cfg.first_parent)
+    commits = points[1:]
 
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else common / "reprobisect"
     opts = cfg.options
@@ -493,12 +523,12 @@ def find_first_bad(
 
             # ---- the search
             if cfg.resume:
-                bis = Bisection.replay(points, log.search_events(), terms=terms)  # type: ignore[arg-type]
+                bis = Bisection.replay(points, log.search_events(), terms=terms, parents=parents)  # type: ignore[arg-type]
                 for e in log.events:
                     if e.role == "search":
                         reasons[e.point] = e.reason
             else:
-                bis = Bisection(points, terms=terms)  # type: ignore[arg-type]
+                bis = Bisection(points, terms=terms, parents=parents)  # type: ignore[arg-type]
             skipped: dict[str, str] = {e.point: e.reason for e in log.events if e.role == "search" and e.verdict == "skip"}
             running: dict[cf.Future, str] = {}
             progress.update(f"{len(bis.remaining())} commits left", total=None)
@@ -537,9 +567,15 @@ def find_first_bad(
             recheck = "skipped"
             if res.first_bad is not None and cfg.recheck:
                 fb = res.first_bad
-                parent = points[points.index(fb) - 1]
+                parent = _parent_on_axis(fb, points, parents)
                 progress.update(f"re-checking {_short(fb)} and its parent {_short(parent)}")
-                futs = {pool.submit(prober.judge, c, use_cache=False): c for c in (parent, fb)}
+                # keep full tensors at the step where the cached traces first differ, so the
+                # answer can give real magnitudes (max abs / rel, mismatches, ULPs)
+                full = tuple(cfg.options.full_steps)
+                pre, _ = _divergence(traces.get(parent) or _cached_trace(cache, prober, parent), traces.get(fb), tolerance)
+                if pre and pre.get("first") and isinstance(pre["first"].get("step"), int):
+                    full = tuple(sorted(set(full) | {pre["first"]["step"]}))
+                futs = {pool.submit(prober.judge, c, use_cache=False, full_steps=full): c for c in (parent, fb)}
                 again: dict[str, _Judged] = {}
                 for fut in cf.as_completed(futs):
                     again[futs[fut]] = fut.result()
@@ -573,11 +609,11 @@ def find_first_bad(
             cands = tuple(_commit_summary(top, c) for c in res.candidates)
             div, div_text = (None, "")
             if res.first_bad is not None:
-                lg = res.last_good
+                lg = _parent_on_axis(res.first_bad, points, parents)
+                last_good = _commit_summary(top, lg)
                 lg_trace = traces.get(lg) if lg else None
                 if lg_trace is None and lg is not None:
-                    hit = cache.get(prober.key(lg))
-                    lg_trace = str(hit.trace) if hit and hit.trace else None
+                    lg_trace = _cached_trace(cache, prober, lg)
                 div, div_text = _divergence(lg_trace, traces.get(res.first_bad), tolerance)
             return RunsResult(
                 first_bad=first,
