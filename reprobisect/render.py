@@ -29,9 +29,9 @@ def format_number(x: float | None) -> str:
         return "inf" if x > 0 else "-inf"
     if x == 0:
         return "0"
-    if 1e-3 <= abs(x) < 1e4:
+    if 1e-2 <= abs(x) < 1e5:
         return f"{x:.3g}"
-    return f"{x:.2g}" if abs(x) >= 1e4 else f"{x:.1e}"
+    return f"{x:.1e}"
 
 
 def _short(v: Any) -> str:
@@ -108,6 +108,7 @@ def render_divergence(d: Divergence, *, with_localization: bool = False) -> str:
 def render_comparison(c: Comparison) -> str:
     """The whole comparison as text; environment differences come first."""
     lines = [f"A: {c.a} ({c.status_a}, {len(c.steps_a)} steps)", f"B: {c.b} ({c.status_b}, {len(c.steps_b)} steps)"]
+    lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
     lines.extend(render_env(c.env))
     lines.append(f"tolerance: {c.tolerance.describe()} — {c.tolerance_reason}")
     read = f"; read {c.tensors_read} full tensor(s), {c.bytes_read} bytes" if c.tensors_read else "; no full tensor read"
