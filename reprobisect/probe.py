@@ -49,6 +49,7 @@ __all__ = [
     "as_tolerance",
     "summarize",
     "kill_all_running",
+    "set_owner",
     "TAIL_BYTES",
     "KILL_GRACE_S",
 ]
@@ -64,9 +65,10 @@ _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # interpreter options that take a separate value (python -X dev, -W ignore)
 _PY_OPTS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
 
-# process groups of probes running in this process, for Ctrl-C (kill_all_running)
-_LIVE: set[int] = set()
+# process groups of probes running in this process -> owner token, for Ctrl-C (kill_all_running)
+_LIVE: dict[int, object] = {}
 _LIVE_LOCK = threading.Lock()
+_OWNER = threading.local()
 
 
 # --------------------------------------------------------------------------- argv
@@ -184,10 +186,16 @@ def _reap_group(pgid: int) -> None:
         pass
 
 
-def kill_all_running() -> int:
-    """Kill the process group of every probe running in this process (Ctrl-C); how many."""
+def set_owner(owner: object | None) -> None:
+    """Tag the probes this thread starts from now on with ``owner`` (see ``kill_all_running``)."""
+    _OWNER.value = owner
+
+
+def kill_all_running(owner: object | None = None) -> int:
+    """Kill the process group of every probe running in this process (Ctrl-C), or only of
+    those started under ``set_owner(owner)``; returns how many."""
     with _LIVE_LOCK:
-        groups = list(_LIVE)
+        groups = [g for g, o in _LIVE.items() if owner is None or o is owner]
     for g in groups:
         _kill_group(g, None, grace=0.5)
     return len(groups)
@@ -278,7 +286,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
             return result(Outcome("skip", detail=f"cannot start '{exe}': {e.strerror or e}"))
         pgid = proc.pid
         with _LIVE_LOCK:
-            _LIVE.add(pgid)
+            _LIVE[pgid] = getattr(_OWNER, "value", None)
         try:
             try:
                 rc = proc.wait(timeout=spec.timeout)
@@ -294,7 +302,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
                 _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
         finally:
             with _LIVE_LOCK:
-                _LIVE.discard(pgid)
+                _LIVE.pop(pgid, None)
         out_t, err_t = _tail(out), _tail(err)
 
     if timed_out:

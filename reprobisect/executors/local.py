@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,13 +63,22 @@ class LocalExecutor:
         self._lock = threading.Lock()
         self._pools: dict[Path, object] = {}  # repository root -> git.WorktreePool
         self._closed = False
+        self._futures: set[Future[ProbeResult]] = set()
 
     # -- Executor protocol
 
     def submit(self, spec: ProbeSpec) -> "Future[ProbeResult]":
         if self._closed:
             raise ProbeError("this executor is closed; make a new one")
-        return self._pool.submit(self._run, spec)
+        fut = self._pool.submit(self._run, spec)
+        with self._lock:
+            self._futures.add(fut)
+        fut.add_done_callback(self._forget)
+        return fut
+
+    def _forget(self, fut: "Future[ProbeResult]") -> None:
+        with self._lock:
+            self._futures.discard(fut)
 
     def close(self) -> None:
         """Stop: cancel queued probes, kill running ones, remove worktrees (and temp traces)."""
@@ -78,7 +88,15 @@ class LocalExecutor:
         self._pool.shutdown(wait=False, cancel_futures=True)
         from reprobisect.probe import kill_all_running
 
-        kill_all_running()
+        # kill until every started probe has ended: one may be between its checkout and
+        # its Popen when the first kill goes out
+        while True:
+            kill_all_running(self)
+            with self._lock:
+                pending = [f for f in self._futures if not f.done()]
+            if not pending:
+                break
+            time.sleep(0.05)
         self._pool.shutdown(wait=True)
         with self._lock:
             pools = list(self._pools.values())
@@ -97,8 +115,9 @@ class LocalExecutor:
     # -- one probe
 
     def _run(self, spec: ProbeSpec) -> ProbeResult:
-        from reprobisect.probe import run_in_dir
+        from reprobisect.probe import run_in_dir, set_owner
 
+        set_owner(self)
         trace_dir = self.out_dir / trace_dir_name(spec)
         if trace_dir.exists():
             shutil.rmtree(trace_dir)
@@ -112,6 +131,8 @@ class LocalExecutor:
             except UsageError as e:
                 return ProbeResult(spec=spec, outcome=Outcome("skip", detail=str(e)))
             try:
+                if self._closed:
+                    return ProbeResult(spec=spec, outcome=Outcome("infra", detail="cancelled: the executor was closed"))
                 return run_in_dir(spec, wt, trace_dir)
             finally:
                 cm.__exit__(None, None, None)
