@@ -277,6 +277,12 @@ class TorchRecorder:
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
+        try:  # data order for state capture (reads RNG states only; wraps DataLoader.__iter__)
+            from reprobisect.runners.torch_state import track_data_order
+
+            track_data_order()
+        except (ImportError, NotImplementedError):
+            pass
         self._wrap_dataloader()
         self._wrap_backward()
         self._wrap_scaler()

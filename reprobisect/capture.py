@@ -1,0 +1,143 @@
+"""Record a few steps of a user's unmodified training command into a trace.
+
+``bisect capture -o run.trace --steps 3 -- python train.py --lr 1e-3`` comes here. The
+command is rewritten to run under the launcher (``python -m reprobisect.runners.launch
+--trace DIR ... -- train.py --lr 1e-3``: ``python``/``python3`` become the interpreter
+running reprobisect, an explicit path to a Python stays that Python, interpreter options
+are kept) and run by the same code that runs every probe (``reprobisect.probe``): its
+own process group, a timeout that kills the whole group, the outcome the launcher
+sealed into the trace's manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from reprobisect.errors import UsageError
+from reprobisect.executors.base import ProbeSpec
+from reprobisect.outcome import Outcome
+
+__all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
+
+# exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError)
+EXIT_CODES = {"ok": 0, "skip": 125, "crashed": 1, "nonfinite": 1, "no_steps": 1, "timeout": 1, "infra": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureConfig:
+    """What to record of the command, and how long to wait for it."""
+
+    steps: int = 3
+    """Optimizer steps to record before the run is ended."""
+    full_steps: tuple[int, ...] = ()
+    """Steps whose full tensors are kept in the trace."""
+    state_steps: tuple[int, ...] = ()
+    """Steps after which complete state (model, optimizer, RNG, data order) is captured."""
+    seed: str | int | None = None
+    """The seed the command uses, recorded in the manifest (the command seeds itself)."""
+    timeout: float | None = None
+    """Seconds before the command's whole process group is killed (outcome ``timeout``)."""
+    stop_on_nonfinite: bool = False
+    """End the run at the first NaN/Inf (outcome ``nonfinite``)."""
+    max_disk: int | None = None
+    """Bound in bytes for the trace's full tensors and state."""
+    python: str | None = None
+    """Interpreter to run instead of the command's own ``python``."""
+    env: Mapping[str, str] | None = None
+    """Extra environment variables for the command."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise UsageError(f"--steps must be at least 1, got {self.steps}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise UsageError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+        if self.max_disk is not None and self.max_disk <= 0:
+            raise UsageError(f"--max-disk must be a positive number of bytes, got {self.max_disk}")
+
+    def spec(self, argv: Sequence[str], workdir: Path) -> ProbeSpec:
+        extra: list[str] = []
+        if self.seed is not None:
+            extra += ["--seed", str(self.seed)]
+        if self.max_disk is not None:
+            extra += ["--max-disk", str(self.max_disk)]
+        return ProbeSpec(
+            key="capture",
+            argv=tuple(argv),
+            workdir=str(workdir),
+            env=dict(self.env or {}),
+            python=self.python,
+            steps=self.steps,
+            full_steps=tuple(self.full_steps),
+            state_steps=tuple(self.state_steps),
+            stop_on_nonfinite=self.stop_on_nonfinite,
+            timeout=self.timeout,
+            extra_launch_args=tuple(extra),
+        )
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """How the capture ended and where its trace is; truthy when the trace is complete."""
+
+    outcome: Outcome
+    trace: str
+    command: tuple[str, ...]
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.outcome)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.outcome.status, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.to_json(),
+            "trace": self.trace,
+            "command": list(self.command),
+            "exit_code": self.exit_code,
+        }
+
+
+def launch_command(argv: Sequence[str], trace: str | os.PathLike, config: CaptureConfig | None = None,
+                   cwd: str | os.PathLike | None = None) -> list[str]:
+    """The launcher command line that records ``argv`` into ``trace`` (nothing runs)."""
+    from reprobisect.probe import launch_argv
+
+    config = config or CaptureConfig()
+    if not argv:
+        raise UsageError("give the training command after --, e.g. bisect capture -o run.trace -- python train.py")
+    workdir = Path(cwd or os.getcwd())
+    return launch_argv(config.spec(argv, workdir), Path(trace), workdir)
+
+
+def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig | None = None,
+            cwd: str | os.PathLike | None = None) -> CaptureResult:
+    """Run ``argv`` (``python train.py ...``) in ``cwd`` under the launcher, recording into ``out``.
+
+    Raises ``UsageError`` for a command that is not Python or an output path that is
+    not a trace folder; every way the command itself can end is an ``Outcome``.
+    """
+    from reprobisect.probe import run_in_dir
+
+    config = config or CaptureConfig()
+    workdir = Path(cwd or os.getcwd()).resolve()
+    trace = Path(out)
+    if not trace.is_absolute():
+        trace = workdir / trace
+    if trace.exists() and (not trace.is_dir() or (any(trace.iterdir()) and not (trace / "manifest.json").is_file())):
+        raise UsageError(f"'{out}' exists and is not a trace folder; choose another -o path (nothing was deleted)")
+    cmd = launch_command(argv, trace, config, workdir)
+    result = run_in_dir(config.spec(argv, workdir), workdir, trace)
+    return CaptureResult(
+        outcome=result.outcome,
+        trace=str(trace),
+        command=tuple(cmd),
+        stdout_tail=result.stdout_tail,
+        stderr_tail=result.stderr_tail,
+    )

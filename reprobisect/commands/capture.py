@@ -1,0 +1,57 @@
+"""``bisect capture``: record a few steps of an unmodified training command into a trace.
+
+Exit 0 when the trace is complete; 1 when the command crashed, went non-finite, never
+stepped an optimizer or timed out; 125 when it could not be tested (import failure);
+2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprobisect.options import parse_steps
+
+__all__ = ["command"]
+
+
+@click.command(
+    name="capture",
+    epilog="Example: bisect capture -o run.trace --steps 3 -- python train.py --lr 1e-3",
+)
+@click.option("-o", "--out", required=True, type=click.Path(), help="Trace folder to write.")
+@click.option("--steps", type=int, default=3, show_default=True, help="Optimizer steps to record.")
+@click.option("--full-steps", default="", help="Steps whose full tensors are kept, e.g. 0,1.")
+@click.option("--state-steps", default="", help="Steps after which complete state is captured, e.g. 2.")
+@click.option("--seed", default=None, help="The seed the command uses (recorded in the manifest).")
+@click.option("--timeout", type=float, default=None, help="Seconds before the command is killed.")
+@click.option("--stop-on-nonfinite", is_flag=True, help="End the run at the first NaN/Inf.")
+@click.option("--max-disk", type=int, default=None, help="Bound in bytes for full tensors and state.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, as_json, cmd) -> int:
+    """Record a few steps of an unmodified training command (after --) into a trace."""
+    from reprobisect.capture import CaptureConfig, capture
+
+    config = CaptureConfig(
+        steps=steps,
+        full_steps=parse_steps(full_steps, "--full-steps"),
+        state_steps=parse_steps(state_steps, "--state-steps"),
+        seed=seed,
+        timeout=timeout,
+        stop_on_nonfinite=stop_on_nonfinite,
+        max_disk=max_disk,
+    )
+    result = capture(list(cmd), out, config)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return result.exit_code
+    o = result.outcome
+    click.echo(f"{o}")
+    click.echo(f"trace: {result.trace}")
+    if o.status != "ok":
+        tail = (o.traceback or result.stderr_tail or "").strip().splitlines()[-8:]
+        for line in tail:
+            click.echo(f"  {line}", err=True)
+    return result.exit_code
