@@ -302,6 +302,10 @@ def default_cache_dir(repo: "RepoInfo | str | os.PathLike[str]") -> Path:
     return _info(repo).common_dir / "reprobisect" / "worktrees"
 
 
+def _is_full_hash(rev: str) -> bool:
+    return len(rev) in (40, 64) and all(c in "0123456789abcdef" for c in rev)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -391,7 +395,7 @@ class WorktreePool:
     @contextlib.contextmanager
     def checkout(self, commit: str) -> Iterator[Path]:
         """A clean detached checkout of ``commit``; yields its top-level directory."""
-        h = resolve(self.repo, commit)
+        h = commit if _is_full_hash(commit) else resolve(self.repo, commit)
         wt = self._acquire(h)
         try:
             yield wt
@@ -416,7 +420,7 @@ class WorktreePool:
             else:
                 _git(["checkout", "--detach", "--force", "--quiet", commit], wt)
                 _git(["clean", "-ffdxq"], wt)
-            if self.submodules and has_submodules(self.repo, commit):
+            if self.submodules and (wt / ".gitmodules").is_file():
                 _git(["submodule", "update", "--init", "--recursive", "--force", "--quiet"], wt)
                 if not new:
                     _git(["submodule", "foreach", "--recursive", "--quiet", "git clean -ffdxq"], wt, check=False)
@@ -439,10 +443,9 @@ class WorktreePool:
 
     def _remove(self, wt: Path) -> None:
         if wt.exists():
-            proc = _git(["worktree", "remove", "--force", "--force", str(wt)], self.repo.root, check=False)
-            if proc.returncode != 0 and wt.exists():
-                shutil.rmtree(wt, ignore_errors=True)
-        if not wt.exists():
+            _git(["worktree", "remove", "--force", "--force", str(wt)], self.repo.root, check=False)
+        if wt.exists():  # removal failed half-way: drop the registration of the gone folder
+            shutil.rmtree(wt, ignore_errors=True)
             _git(["worktree", "prune"], self.repo.root, check=False)
 
 

@@ -401,8 +401,12 @@ def test_submodules_initialised_in_worktrees(with_submodule) -> None:
             assert wt2 == wt
             assert (wt2 / "vendor/sub/weights.txt").read_text() == "w1\n"
             assert not (wt2 / "vendor/sub/scratch").exists()
-        with pool.checkout(m[0]) as wt3:
-            assert (wt3 / "value.txt").read_text() == "0\n"
+        with pool.checkout(m[0]) as wt3:  # before the submodule existed: no trace of it
+            assert wt3 == wt and (wt3 / "value.txt").read_text() == "0\n"
+            assert not (wt3 / "vendor").exists() and not (wt3 / ".gitmodules").exists()
+            assert git(wt3, "status", "--porcelain", "--ignored") == ""
+        with pool.checkout(m[1]) as wt4:  # and back again
+            assert (wt4 / "vendor/sub/weights.txt").read_text() == "w0\n"
     assert registered(repo) == [str(repo.resolve())]
     with WorktreePool(repo, submodules=False) as pool:
         with pool.checkout(m[2]) as wt:

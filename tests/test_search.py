@@ -466,3 +466,37 @@ def test_steps_axis_generic() -> None:
     steps = list(range(0, 1000, 10))  # any ordered axis of hashable points
     r = run(Bisection(steps, terms=("same", "diverged")), lambda s: "diverged" if s >= 370 else "same", 2)
     assert r.first_bad == 370 and r.last_good == 360
+
+
+def feature_branch_history(rng: random.Random, n: int):
+    """A mainline where some commits start short feature branches that merge back."""
+    parents: dict[int, list[int]] = {0: []}
+    tip, i = 0, 1
+    while i < n - 1:
+        if rng.random() < 0.3 and i + 3 < n - 1:
+            start = tip
+            branch = start
+            for _ in range(rng.randint(1, 4)):
+                if i >= n - 2:
+                    break
+                parents[i] = [branch]
+                branch = i
+                i += 1
+            parents[i] = [tip, branch] if branch != tip else [tip]  # the merge
+        else:
+            parents[i] = [tip]
+        tip = i
+        i += 1
+    parents[n - 1] = [tip]
+    return list(range(n)), parents
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=3, max_value=300), st.integers(min_value=0, max_value=10**6), st.data())
+def test_graph_mode_probe_bound_on_feature_branch_histories(n: int, seed: int, data) -> None:
+    pts, parents = feature_branch_history(random.Random(seed), n)
+    anc = {p: ancestors(parents, p) for p in pts}
+    culprit = data.draw(st.sampled_from(pts[1:]))
+    r = run(Bisection(pts, parents=parents), lambda p: "bad" if culprit in anc[p] else "good")
+    assert r.first_bad == culprit
+    assert r.probes <= math.ceil(math.log2(n)) + 2
