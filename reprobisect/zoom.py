@@ -1,39 +1,267 @@
 """Op-level zoom, controller side: re-run both sides recording every aten op of one module.
 
-(Signatures first; implementation follows.)
+When ``compare`` names a module as the origin of a divergence at step K (its inputs agree,
+its output does not), ``run_zoom`` re-runs both sides' commands under the launcher with
+``--zoom-module NAME --zoom-step K --steps K+1`` (``reprobisect.runners.zoom_torch``
+records each aten op inside that module's forward at step K) and
+``first_divergent_op`` walks the two op sequences in execution order to name the first op
+whose tensor inputs agree bitwise and whose output does not.
+
+What is re-run, per side (``ZoomSide`` overrides each): the command the manifest recorded
+(``manifest.command``, the program and its arguments), with the interpreter the
+environment record names (``environment.python.executable``), in the working directory
+the launcher recorded (``manifest.recorder.cwd``), with this process's environment plus
+``ZoomSide.env``. The environment record only keeps numerics-relevant variables, so when
+the two sides differ by an environment variable the caller (``bisect envs``) passes it in
+``ZoomSide.env``; when they differ by commit, ``ZoomSide.cwd`` points at that checkout.
+The re-runs go through ``probe.run_in_dir`` (own process group, timeout, outcome).
+
+Core module: imports no ML framework; the zoom traces are read like any other trace.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
 
-__all__ = ["ZoomResult", "ZoomSide", "run_zoom", "first_divergent_op"]
+from reprobisect.errors import ProbeError, UsageError
+from reprobisect.trace import Record, Trace, read_trace
+
+__all__ = ["ZoomResult", "ZoomSide", "run_zoom", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
+
+SEPARATOR = "::"  # same as reprobisect.runners.zoom_torch.SEPARATOR (kept framework-free here)
+VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run")
+_INDEX = re.compile(r"\[\d+\]$")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ZoomSide:
-    """How to re-run one side (defaults: what its manifest recorded)."""
+    """How to re-run one side; each field left None takes what the side's manifest recorded."""
 
     command: tuple[str, ...] | None = None
+    """Full command with interpreter (``python train.py --lr 1e-3``); default: the recorded one."""
     cwd: str | None = None
-    env: dict | None = None
+    """Folder to run in; default: the folder the launcher recorded (``manifest.recorder.cwd``)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added to this process's environment for the re-run (what made this side differ)."""
 
 
 @dataclass(frozen=True)
 class ZoomResult:
-    """The first op inside ``module`` at ``step`` whose inputs agree and whose output does not."""
+    """The first op inside ``module`` at ``step`` whose inputs agree and whose output does not.
+
+    Truthy when the two sides agree on every op (nothing to blame at op level), like
+    ``Comparison``. ``verdict``: ``origin`` (the op is named), ``inputs_differ`` (the first
+    differing op already had differing inputs: the module's own inputs or parameters
+    differ), ``agree`` (every op identical in the re-run), ``structure`` (the op sequences
+    differ: ``op`` is the first op present on one side only), ``not_run`` (the module did
+    not run at that step on some side).
+    """
 
     module: str
     step: int
+    verdict: str
     op: str | None = None
     occurrence: int | None = None
+    record: str | None = None
+    inner_module: str | None = None
+    args_a: Any = None
+    args_b: Any = None
+    stats_a: dict[str, Any] | None = None
+    stats_b: dict[str, Any] | None = None
+    ops_a: int = 0
+    ops_b: int = 0
+    first_differing: str | None = None
+    detail: str = ""
+    trace_a: str | None = None
+    trace_b: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.verdict == "agree"
+
+    def __str__(self) -> str:
+        where = f"module '{self.module}' at step {self.step}" if self.module else f"the model's forward at step {self.step}"
+        if self.verdict == "origin":
+            inner = f" (in '{self.inner_module}')" if self.inner_module and self.inner_module != self.module else ""
+            s = (f"zoom into {where}: first op whose inputs agree and output differs: "
+                 f"{self.op} #{self.occurrence}{inner}")
+            if self.args_a != self.args_b:
+                s += f"; its non-tensor arguments differ: {self.args_a} vs {self.args_b}"
+            if self.stats_a and self.stats_b:
+                s += f"; output norm {self.stats_a.get('norm')} vs {self.stats_b.get('norm')}"
+            return s + (f" ({self.ops_a} ops compared)" if self.ops_a else "")
+        return f"zoom into {where}: {self.verdict}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def first_divergent_op(a: Any, b: Any, module: str, step: int) -> ZoomResult:
-    raise NotImplementedError
+def _zoom_ops(trace: Trace, module: str, step: int) -> list[Record]:
+    s = trace.step(step)
+    if s is None:
+        return []
+    prefix = module + SEPARATOR
+    return [r for r in s.records if r.name.startswith(prefix) and r.meta and r.meta.get("zoom")]
 
 
-def run_zoom(a: Any, b: Any, divergence: Any = None, *, module: str | None = None, step: int | None = None,
-             side_a: ZoomSide | None = None, side_b: ZoomSide | None = None, timeout: float = 600.0) -> ZoomResult:
-    raise NotImplementedError
+def first_divergent_op(a: Trace, b: Trace, module: str, step: int) -> ZoomResult:
+    """Compare two zoom traces' op records for ``module`` at ``step``, in execution order."""
+    ops_a, ops_b = _zoom_ops(a, module, step), _zoom_ops(b, module, step)
+    base = dict(module=module, step=step, ops_a=len(ops_a), ops_b=len(ops_b), trace_a=str(a.path), trace_b=str(b.path))
+    if not ops_a or not ops_b:
+        sides = [n for n, ops in (("A", ops_a), ("B", ops_b)) if not ops]
+        return ZoomResult(verdict="not_run", detail=(
+            f"no op of module '{module}' recorded at step {step} on side {' and '.join(sides)} "
+            "(the module did not run in a training forward at that step, or the name differs); "
+            "check the module name in the compare output"), **base)
+    first_diff: Record | None = None
+    for i, (ra, rb) in enumerate(zip(ops_a, ops_b)):
+        if ra.name != rb.name:
+            return ZoomResult(verdict="structure", op=ra.meta.get("op"), occurrence=ra.meta.get("occurrence"),
+                              record=ra.name, inner_module=ra.module, first_differing=(first_diff or ra).name,
+                              detail=f"op {i} is {ra.name} in A but {rb.name} in B: the module runs different ops",
+                              **base)
+        if ra.fingerprint == rb.fingerprint and ra.meta.get("more_outputs") == rb.meta.get("more_outputs"):
+            continue
+        if first_diff is None:
+            first_diff = ra
+        if tuple(ra.inputs or ()) == tuple(rb.inputs or ()):
+            return ZoomResult(
+                verdict="origin", op=ra.meta.get("op"), occurrence=ra.meta.get("occurrence"), record=ra.name,
+                inner_module=ra.module, args_a=ra.meta.get("args"), args_b=rb.meta.get("args"),
+                stats_a=ra.stats, stats_b=rb.stats, first_differing=first_diff.name,
+                detail="inputs identical, output differs", **base)
+    if len(ops_a) != len(ops_b):
+        longer, side = (ops_a, "A") if len(ops_a) > len(ops_b) else (ops_b, "B")
+        extra = longer[min(len(ops_a), len(ops_b))]
+        return ZoomResult(verdict="structure", op=extra.meta.get("op"), occurrence=extra.meta.get("occurrence"),
+                          record=extra.name, inner_module=extra.module,
+                          first_differing=first_diff.name if first_diff else extra.name,
+                          detail=f"side {side} runs more ops ({len(ops_a)} vs {len(ops_b)}); first extra: {extra.name}",
+                          **base)
+    if first_diff is not None:
+        return ZoomResult(verdict="inputs_differ", op=first_diff.meta.get("op"),
+                          occurrence=first_diff.meta.get("occurrence"), record=first_diff.name,
+                          inner_module=first_diff.module, first_differing=first_diff.name,
+                          detail=(f"the first differing op ({first_diff.name}) already has differing inputs: "
+                                  "the module's inputs or parameters differ at this step"), **base)
+    return ZoomResult(verdict="agree", detail=f"all {len(ops_a)} ops agree bitwise in the re-run "
+                      "(the divergence did not reproduce at op level: nondeterminism, or another environment)", **base)
+
+
+def zoom_target(divergence: Any) -> tuple[str, int]:
+    """(module name, step) to zoom into for a compare ``Divergence`` (or ``Comparison``)."""
+    d = divergence
+    if hasattr(d, "origin") and hasattr(d, "first") and not hasattr(d, "kind"):  # a Comparison
+        d = d.origin or d.first
+        if d is None:
+            raise UsageError("the traces agree: there is no divergence to zoom into")
+    kind, name, step = getattr(d, "kind", None), getattr(d, "name", None), getattr(d, "step", None)
+    if step is None or name is None:
+        raise UsageError(f"cannot zoom into {d!r}: pass module= and step=")
+    if kind == "output":
+        module = ""  # the model itself (its output record is named 'output')
+    elif kind == "activation":
+        module = _INDEX.sub("", name)
+        if getattr(d, "localization", None) == "between_modules":
+            base = module.split("#", 1)[0]
+            module = base.rsplit(".", 1)[0] if "." in base else ""  # the change is in the parent's forward
+    else:
+        raise UsageError(
+            f"the divergence is a {kind} ('{name}' at step {step}), not a module output; "
+            "op-level zoom needs a module (an activation or the model output): pass module= explicitly"
+        )
+    return module, int(step)
+
+
+def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, timeout: float | None):
+    from reprobisect.executors.base import ProbeSpec
+
+    m = trace.manifest
+    if side.command is not None:
+        argv = tuple(side.command)
+    else:
+        if not m.command:
+            raise UsageError(f"trace '{trace.path}' records no command to re-run; pass ZoomSide(command=...)")
+        python = ((m.environment or {}).get("python") or {}).get("executable") or "python"
+        argv = (python, *m.command)
+    cwd = side.cwd or (m.recorder or {}).get("cwd")
+    if not cwd or not Path(cwd).is_dir():
+        raise UsageError(
+            f"cannot re-run trace '{trace.path}': its working folder '{cwd}' does not exist here; pass ZoomSide(cwd=...)"
+        )
+    spec = ProbeSpec(
+        key=key,
+        argv=argv,
+        workdir=cwd,
+        env=dict(side.env),
+        steps=step + 1,
+        timeout=timeout,
+        extra_launch_args=("--zoom-module", module, "--zoom-step", str(step)),
+    )
+    return spec, Path(cwd)
+
+
+def run_zoom(
+    a: Trace | str,
+    b: Trace | str,
+    divergence: Any = None,
+    *,
+    module: str | None = None,
+    step: int | None = None,
+    side_a: ZoomSide | None = None,
+    side_b: ZoomSide | None = None,
+    timeout: float | None = 600.0,
+    out_dir: str | None = None,
+) -> ZoomResult:
+    """Re-run both sides with the zoom at the divergence and name the first differing op.
+
+    Give ``divergence`` (a compare ``Divergence`` or ``Comparison``) or ``module`` and
+    ``step``. The zoom traces go to ``out_dir`` (kept, paths in the result) or to a
+    temporary folder that is removed afterwards. Raises ``ProbeError`` when a re-run
+    does not produce a trace.
+    """
+    from reprobisect.probe import run_in_dir
+
+    ta = a if isinstance(a, Trace) else read_trace(a, allow_incomplete=True)
+    tb = b if isinstance(b, Trace) else read_trace(b, allow_incomplete=True)
+    if module is None or step is None:
+        if divergence is None:
+            raise UsageError("say where to zoom: pass a divergence, or module= and step=")
+        m2, s2 = zoom_target(divergence)
+        module = m2 if module is None else module
+        step = s2 if step is None else step
+    specs = [
+        _side_spec(ta, side_a or ZoomSide(), module, step, "zoom-a", timeout),
+        _side_spec(tb, side_b or ZoomSide(), module, step, "zoom-b", timeout),
+    ]
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="reprobisect-zoom-")
+        root = Path(tmp.name)
+    else:
+        root = Path(out_dir)
+        root.mkdir(parents=True, exist_ok=True)
+    try:
+        dirs = [root / "a.trace", root / "b.trace"]
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda i: run_in_dir(specs[i][0], specs[i][1], dirs[i]), range(2)))
+        for label, r in zip("AB", results):
+            if not r.outcome or r.trace_dir is None:
+                tail = (r.stderr_tail or "").strip().splitlines()[-1:] or [""]
+                raise ProbeError(f"zoom re-run of side {label} did not record a trace: {r.outcome} {tail[0]}".rstrip())
+        za, zb = read_trace(dirs[0], allow_incomplete=True), read_trace(dirs[1], allow_incomplete=True)
+        result = first_divergent_op(za, zb, module, step)
+        if tmp is not None:
+            from dataclasses import replace
+
+            result = replace(result, trace_a=None, trace_b=None)
+        return result
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
