@@ -532,7 +532,8 @@ def _read_holder(path: Path) -> str:
 def archive(repo: "RepoInfo | str | os.PathLike[str]", commit: str, *, submodules: bool = True) -> bytes:
     """The tree of ``commit`` as an uncompressed tar (``git archive --format=tar``).
 
-    For workers without a shared file system. With ``submodules`` (default), the content
+    For workers without a shared file system. The tar's pax global header carries the
+    commit id (``comment``), as ``git archive`` writes it. With ``submodules`` (default), the content
     of each submodule at the commit it is pinned to is added under its path, read from
     the submodule's repository in the user's checkout (``.git/modules``), recursively.
     Raises ``ProbeError`` naming the submodule when that commit is not available locally
@@ -544,7 +545,8 @@ def archive(repo: "RepoInfo | str | os.PathLike[str]", commit: str, *, submodule
     if not submodules or not has_submodules(info, h):
         return data
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as dst:
+    # keep what git archive writes: the commit id in the pax global header ("comment")
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": h}) as dst:
         _copy_tar(data, dst, "")
         _add_submodules(info.root, h, "", dst)
     return out.getvalue()
@@ -584,12 +586,16 @@ def _add_submodules(repo_dir: Path, commit: str, prefix: str, dst: tarfile.TarFi
 
 
 def extract(data: bytes, dest: str | os.PathLike[str]) -> Path:
-    """Unpack an ``archive`` tar into ``dest`` (created if needed); refuses paths outside it."""
+    """Unpack an ``archive`` tar into ``dest`` (created if needed); refuses paths outside it.
+
+    Uses tarfile's ``tar`` filter: member names may not leave ``dest``, but symlinks keep
+    their targets (a repository's ``data -> /mnt/datasets`` link checks out as git would).
+    """
     d = Path(dest)
     d.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
         try:
-            tf.extractall(d, filter="data")
+            tf.extractall(d, filter="tar")
         except tarfile.FilterError as e:
             raise ProbeError(f"refusing to extract an archive member outside {d}: {e}") from None
     return d

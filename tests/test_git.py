@@ -211,6 +211,10 @@ def test_merge_history_graph_search_agrees_with_git_bisect(tmp_path: Path, culpr
     assert [name[x] for x in commit_range(repo, c["A"], c["D"], first_parent=True)] == ["B", "C", "M", "D"]
     parents = commit_parents(repo, rng)
     assert parents[c["M"]] == (c["C"], c["S2"]) and parents[c["S1"]] == (c["A"],)
+    merge = commit_info(repo, c["M"])
+    assert merge.parents == (c["C"], c["S2"]) and merge.subject == "merge side"
+    # the diffstat of a merge is what it brought in against its first parent
+    assert merge.files_changed == 2 + culprit.startswith("S") and "S1.txt" in merge.diffstat
 
     points, par = bisect_axis(repo, c["A"], c["D"])
     assert par is not None and points[0] == c["A"]
@@ -419,6 +423,8 @@ def test_archive_includes_submodules(with_submodule, tmp_path: Path) -> None:
     out = extract(data, tmp_path / "x")
     assert (out / "value.txt").read_text() == "2\n"
     assert (out / "vendor/sub/weights.txt").read_text() == "w1\n"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        assert tf.pax_headers.get("comment") == m[2]  # the commit id survives the rebuild
     plain = extract(archive(repo, m[2], submodules=False), tmp_path / "y")
     assert (plain / "vendor/sub").is_dir() and not (plain / "vendor/sub/weights.txt").exists()
 
@@ -434,8 +440,19 @@ def test_archive_names_a_missing_submodule(with_submodule, tmp_path: Path) -> No
 # ----------------------------------------------------------------------------- archives
 def test_archive_round_trip(linear, tmp_path: Path) -> None:
     repo, h = linear
+    os.symlink("/mnt/datasets/imagenet", repo / "data")  # absolute links survive, as in a checkout
+    os.symlink("src/lib.py", repo / "lib_link.py")
+    git(repo, "add", "data", "lib_link.py")
+    git(repo, "commit", "-q", "-m", "links")
+    linked = git(repo, "rev-parse", "HEAD")
     dirty_up(repo)
     before = snapshot(repo)
+    data = archive(repo, linked)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        assert tf.pax_headers.get("comment") == linked
+    out = extract(data, tmp_path / "links")
+    assert os.readlink(out / "data") == "/mnt/datasets/imagenet"
+    assert (out / "lib_link.py").read_text() == "X = 7\n"
     out = extract(archive(repo, h[3]), tmp_path / "unpacked")
     assert (out / "value.txt").read_text() == "3\n" and (out / "src/lib.py").read_text() == "X = 3\n"
     assert not (out / "notes.txt").exists() and not (out / ".git").exists()

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = count_table(args.n)
     out: dict[str, Any] = {"counts": rows, "counts_wall_s": time.perf_counter() - t0}
     if args.worktrees:
-        out["worktrees"] = [bench_worktrees(files=f) for f in (30, 300, 3000)]
+        out["worktrees"] = [bench_worktrees(files=f, repeat=r) for f, r in ((30, 15), (300, 15), (3000, 5))]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
