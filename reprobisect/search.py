@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from reprobisect.errors import ReproError, UsageError
 

@@ -525,3 +525,53 @@ def test_session_locks_of_two_repositories_are_independent(tmp_path: Path) -> No
     with session_lock(a, timeout=0):
         with session_lock(b, timeout=0):
             pass
+
+
+# ----------------------------------------------------------------------------- DVC
+@pytest.mark.slow
+def test_dvc_data_at_a_revision(tmp_path: Path) -> None:
+    from reprobisect.git import dvc_pull_at
+
+    repo = tmp_path / "dvcrepo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    dvc = [PYTHON, "-m", "dvc"]
+    subprocess.run([*dvc, "init", "-q"], cwd=repo, check=True)
+    git(repo, "commit", "-q", "-m", "dvc init")
+    revs = []
+    for v in ("v1", "v2"):
+        (repo / "data.txt").write_text(v + "\n")
+        subprocess.run([*dvc, "add", "-q", "data.txt"], cwd=repo, check=True)
+        git(repo, "add", "data.txt.dvc", ".gitignore")
+        git(repo, "commit", "-q", "-m", f"data {v}")
+        revs.append(git(repo, "rev-parse", "HEAD"))
+    before = snapshot_dvc(repo)
+    with WorktreePool(repo) as pool:
+        with pool.checkout(revs[0]) as wt:
+            assert not (wt / "data.txt").exists()
+            r = dvc_pull_at(wt, repo)
+            assert r and r.status == "checked_out", r
+            assert (wt / "data.txt").read_text() == "v1\n"
+            assert git(wt, "status", "--porcelain") == ""  # config.local is ignored: still clean
+        with pool.checkout(revs[1]) as wt:  # reused worktree: the other revision's data
+            assert dvc_pull_at(wt, repo).status == "checked_out"
+            assert (wt / "data.txt").read_text() == "v2\n"
+            # the cache lacks what a commit needs and there is no remote: reported, not raised
+            shutil_rm(repo / ".dvc" / "cache")
+            (wt / "data.txt").unlink()
+            bad = dvc_pull_at(wt, repo)
+            assert not bad and bad.status == "failed" and "dvc pull" in bad.detail
+    assert snapshot_dvc(repo)["status"] == before["status"]
+    plain, _ = make_linear(tmp_path, 2, "nodvc")
+    with checkout(plain, "HEAD") as wt:
+        assert dvc_pull_at(wt, plain).status == "none"
+
+
+def snapshot_dvc(repo: Path) -> dict[str, str]:
+    return {"status": git(repo, "status", "--porcelain"), "head": git(repo, "rev-parse", "HEAD")}
+
+
+def shutil_rm(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
