@@ -13,8 +13,11 @@
                   fingerprints agree across seeds but whose output differs can only
                   differ through its weights. When no such module has agreeing inputs
                   (the data differs from the first layer on), init is ``unknown``, not
-                  guessed. Parameter records that the recorder marks as taken before the
-                  first step (``meta.phase`` ``init`` / ``before``) are used first.
+                  guessed — unless step 0's full tensors were kept (``--full-steps 0``):
+                  then the first layer's output rows are compared on the samples both
+                  first batches share (same input row, different output row = weights).
+                  Parameter records that a recorder marks as taken before the first
+                  step (``meta.phase`` ``init`` / ``before``) are used first.
 ``dropout``       outputs of Dropout-like modules (class name Dropout*, DropPath,
                   StochasticDepth) whose inputs agree across seeds.
 ``loss``          the loss (record or scalar) of each step.
@@ -213,9 +216,13 @@ def _data_order(pairs: list[tuple[Any, Any]]) -> tuple[str, str, bool]:
     return "unchanged", f"batch IDs identical over {len(pairs)} step(s)", True
 
 
-def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool) -> tuple[str, str]:
+def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool, a: Any = None, b: Any = None) -> tuple[str, str]:
     if not ids_equal:
-        return "unknown", "batch IDs differ (or are not recorded), so content cannot be told from order"
+        rows = _augmentation_by_samples(a, b, pairs[0]) if pairs else None
+        if rows is not None:
+            return rows
+        return "unknown", ("batch IDs differ (or are not recorded), so content cannot be told from order; "
+                           "add --full-steps 0 to compare the samples both first batches share")
     found = False
     for sa, sb in pairs:
         bmap = sb.by_key()
@@ -231,7 +238,39 @@ def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool) -> tuple[str, s
     return "unchanged", "same samples give identical batch content"
 
 
-def _init(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+def _augmentation_by_samples(a: Any, b: Any, pair: tuple[Any, Any]) -> tuple[str, str] | None:
+    """With step-0 tensors stored: batch content rows of the samples both first batches hold."""
+    import numpy as np
+
+    sa, sb = pair
+    if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
+        return None
+    ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
+    shared = [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
+    if not shared:
+        return None
+    bmap = sb.by_key()
+    compared = 0
+    for r in _records(sa, ("batch",)):
+        o = bmap.get(r.key)
+        if o is None or not (r.stored and o.stored) or r.name == "ids":
+            continue
+        try:
+            xa, xb = a.tensor(sa.step, r), b.tensor(sb.step, o)
+        except Exception:
+            return None
+        if xa is None or xb is None or len(xa) != len(ids_a) or len(xb) != len(ids_b):
+            continue
+        compared += 1
+        for i, j in shared:
+            if not np.array_equal(xa[i], xb[j], equal_nan=True):
+                return "changed", f"step {sa.step}: sample {ids_a[i]} has different '{r.name}' content under the two seeds"
+    if not compared:
+        return None
+    return "unchanged", f"step {sa.step}: the {len(shared)} sample(s) both batches share have identical content"
+
+
+def _init(pairs: list[tuple[Any, Any]], a: Any = None, b: Any = None) -> tuple[str, str]:
     if not pairs:
         return "unknown", "no common step"
     sa, sb = pairs[0]
@@ -257,8 +296,55 @@ def _init(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
             return "changed", f"step {sa.step}: '{r.name}' ({r.module or 'module'}) has identical inputs and a different output"
     if isolated:
         return "unchanged", f"step {sa.step}: {isolated} module(s) with identical inputs give identical outputs"
+    by_rows = _init_by_samples(a, b, sa, sb)
+    if by_rows is not None:
+        return by_rows
     return "unknown", (f"step {sa.step}: no module sees identical inputs under both seeds (the data differs from "
-                       "the first layer on), so init cannot be isolated from data")
+                       "the first layer on), so init cannot be isolated from data; add --full-steps 0 to "
+                       "compare the first layer on the samples both seeds' first batches share")
+
+
+def _init_by_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[str, str] | None:
+    """With step-0 tensors stored: the first layer's output rows for samples in both batches.
+
+    The first deterministic module that consumes the model's input directly is compared
+    row by row on the samples (batch IDs) both first batches hold; identical input rows
+    and different output rows can only come from its weights.
+    """
+    import numpy as np
+
+    if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
+        return None
+    ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
+    shared = [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
+    if not shared:
+        return None
+    inputs_a = {r.fingerprint: r for r in _records(sa, ("input",))}
+    bmap = sb.by_key()
+    for r in _records(sa, ("activation", "output")):
+        if _is_stochastic(r) or not r.inputs or not r.stored or r.inputs[0] not in inputs_a:
+            continue
+        o = bmap.get(r.key)
+        in_a = inputs_a[r.inputs[0]]
+        in_b = bmap.get(in_a.key)
+        if o is None or in_b is None or not (o.stored and in_a.stored and in_b.stored):
+            continue
+        try:
+            xa, xb = a.tensor(sa.step, in_a), b.tensor(sb.step, in_b)
+            ya, yb = a.tensor(sa.step, r), b.tensor(sb.step, o)
+        except Exception:  # a missing shard: this signal is not available
+            return None
+        if any(t is None for t in (xa, xb, ya, yb)) or not (len(xa) == len(ids_a) == len(ya) and len(xb) == len(ids_b) == len(yb)):
+            continue
+        rows = [(i, j) for i, j in shared if np.array_equal(xa[i], xb[j], equal_nan=True)]
+        if not rows:
+            continue
+        diff = [(i, j) for i, j in rows if not np.array_equal(ya[i], yb[j], equal_nan=True)]
+        where = f"step {sa.step}: '{r.name}' ({r.module or 'module'}) on {len(rows)} sample(s) both batches share"
+        if diff:
+            return "changed", f"{where}: same input rows, different output rows"
+        return "unchanged", f"{where}: same input rows, same output rows"
+    return None
 
 
 def _dropout(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
@@ -327,8 +413,8 @@ def seed_map(traces: list[Any], seeds: tuple[str, ...]) -> tuple[ComponentSensit
         pairs = _common_steps(traces[0], other)
         d_status, d_ev, ids_equal = _data_order(pairs)
         per["data_order"].append((d_status, d_ev))
-        per["augmentation"].append(_augmentation(pairs, ids_equal))
-        per["init"].append(_init(pairs))
+        per["augmentation"].append(_augmentation(pairs, ids_equal, traces[0], other))
+        per["init"].append(_init(pairs, traces[0], other))
         per["dropout"].append(_dropout(pairs))
         per["loss"].append(_loss(pairs))
         if pairs and pairs[0][0].batch_ids is not None:

@@ -198,6 +198,17 @@ def test_seeds_end_to_end_flags_a_data_order_ignoring_the_seed(work):
     assert [r["outcome"]["status"] for r in data["runs"]] == ["ok", "ok"]
 
 
+@pytest.mark.slow
+def test_seeds_isolates_init_on_shared_samples_with_full_step_0(work):
+    """Data order and init both follow the seed: step-0 tensors still separate them."""
+    p = _bisect("seeds", "--seeds", "0,1", "-j", "2", "--full-steps", "0", "--json", "--", "python", "train.py", "--seed", "{seed}", cwd=work)
+    assert p.returncode == 0, p.stderr
+    comps = json.loads(p.stdout)["components"]
+    assert comps["data_order"]["status"] == "changed"
+    assert comps["init"]["status"] == "changed" and "both batches share" in comps["init"]["evidence"]
+    assert comps["augmentation"]["status"] == "unchanged"
+
+
 def _rec(kind, name, fp, module=None, inputs=None, **stats):
     return Record(name=name, kind=kind, dtype="float32", shape=(2,), fingerprint=fp, module=module,
                   inputs=tuple(inputs) if inputs is not None else None, stats=stats or None)
