@@ -36,8 +36,8 @@ appends one JSON line per probe to its session log and resumes from it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from reprobisect.errors import ReproError, UsageError

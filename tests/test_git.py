@@ -287,6 +287,30 @@ def test_checkout_cleans_up_on_exception_and_ctrl_c(linear, exc) -> None:
     assert snapshot(repo) == before
 
 
+def test_real_ctrl_c_in_another_process_cleans_up(linear) -> None:
+    repo, h = linear
+    dirty_up(repo)
+    before = snapshot(repo)
+    script = textwrap.dedent(
+        f"""
+        import time
+        from reprobisect.git import WorktreePool
+        with WorktreePool({str(repo)!r}) as pool:
+            with pool.checkout({h[2]!r}) as wt:
+                print(wt, flush=True)
+                time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wt = Path(proc.stdout.readline().strip())
+    assert wt.is_dir()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert not wt.exists() and registered(repo) == [str(repo.resolve())]
+    assert snapshot(repo) == before
+
+
 def test_pool_reuses_worktrees_and_cleans_between_probes(linear) -> None:
     repo, h = linear
     (repo / ".gitignore").write_text("*.pyc\nbuild/\n")
