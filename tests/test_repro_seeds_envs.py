@@ -302,3 +302,36 @@ def test_envs_end_to_end(work):
     # the environment diff comes before the first divergence
     assert out.index("OMP_NUM_THREADS") < out.index("first divergence")
     assert "default" in out  # envs compares under the default tolerance
+
+
+def test_ctrl_c_kills_the_probes_and_exits_130(work):
+    """SIGINT to `bisect repro` reaches probes in their own sessions through the executor."""
+    import os
+    import signal
+    import time
+
+    (work / "hang.py").write_text(
+        "import subprocess, sys, time, pathlib, os\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "pathlib.Path(f'child-{os.getpid()}.pid').write_text(str(c.pid))\n"
+        "time.sleep(300)\n"
+    )
+    p = subprocess.Popen([PY, "-m", "reprobisect", "repro", "-j", "2", "--", "python", "hang.py"], cwd=work,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while len(list(work.glob("child-*.pid"))) < 2 and time.monotonic() - t0 < 60:
+        time.sleep(0.1)
+    pids = [int(f.read_text()) for f in work.glob("child-*.pid")]
+    assert len(pids) == 2
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert ("interrupted" in err or "aborted" in err) and "Traceback" not in err
+    time.sleep(0.3)
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive = open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        assert not alive, f"probe child {pid} survived Ctrl-C"
