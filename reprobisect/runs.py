@@ -476,9 +476,6 @@ def find_first_bad(
             logged = {(e.role, e.point): e for e in log.events}
 
             def record(j: _Judged, role: str, verdict: str) -> None:
-                nonlocal cached
-                if j.cached:
-                    cached += 1
                 ev = SessionEvent(point=j.commit, verdict=verdict, reason=j.reason, outcome=j.outcome,
                                   attempts=max(1, j.runs), cached=j.cached, wall_s=j.wall_s, role=role)
                 log.append(ev)
@@ -489,6 +486,7 @@ def find_first_bad(
             progress.update(f"verifying --good {_short(good)} and --bad {_short(bad)}")
             prev_g = logged.get(("endpoint", good))
             jg = prober.judge(good)
+            cached += jg.cached
             if jg.verdict == "skip" or (terms == _DEFAULT_TERMS and jg.verdict != "good"):
                 raise ProbeError(
                     f"--good {cfg.good} does not probe {terms[0]}: {jg.reason}; pick a good revision where the command runs"
@@ -509,6 +507,7 @@ def find_first_bad(
 
             prev_b = logged.get(("endpoint", bad))
             jb = prober.judge(bad)
+            cached += jb.cached
             vb = as_term(jb.verdict)
             if vb != "bad":
                 what = "could not be tested" if vb == "skip" else f"probes {terms[0]} like --good"
@@ -524,6 +523,7 @@ def find_first_bad(
             # ---- the search
             if cfg.resume:
                 bis = Bisection.replay(points, log.search_events(), terms=terms, parents=parents)  # type: ignore[arg-type]
+                cached += len(log.search_events())
                 for e in log.events:
                     if e.role == "search":
                         reasons[e.point] = e.reason
@@ -548,6 +548,7 @@ def find_first_bad(
                 for fut in done:
                     p = running.pop(fut)
                     j = fut.result()
+                    cached += j.cached
                     v = as_term(j.verdict)
                     if p in bis.obsolete() or p not in bis.in_flight:
                         bis.cancel(p)
