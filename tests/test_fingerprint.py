@@ -213,3 +213,25 @@ def test_fingerprint_does_not_change_the_tensor():
     before = t.clone()
     ft.fingerprint_and_stats(t)
     assert torch.equal(t.view(torch.int32), before.view(torch.int32))
+
+
+def test_eager_cpu_path_equals_the_reference_over_block_edges():
+    """The CPU path reduces rows in blocks with int64 mv: rows across block edges, any count."""
+    block = ft._BLOCK_ROWS["cpu"]
+    for rows in (1, block - 1, block, block + 1, 3 * block + 5):
+        t = torch.randint(-(2**31), 2**31 - 1, (rows * ROW + 7,), dtype=torch.int64).to(torch.int32)
+        assert ft.fingerprint(t) == fingerprint(t.numpy()), rows
+
+
+@pytest.mark.slow
+def test_compiled_path_gives_the_same_values():
+    """The opt-in torch.compile row reduction is bit-identical to NumPy (pays one compile)."""
+    ft.enable_compile(min_bytes=0)
+    try:
+        for t in (torch.randn(5 * ROW + 3), torch.randn(3, ROW).to(torch.bfloat16), torch.arange(2 * ROW, dtype=torch.int64)):
+            assert ft.fingerprint(t) == fingerprint(_to_numpy(t, {torch.float32: np.float32, torch.bfloat16: ml_dtypes.bfloat16,
+                                                                  torch.int64: np.int64}[t.dtype]))
+        if ft._compile_failed:
+            pytest.skip("torch.compile is not usable here (no C++ compiler?); the eager path was used")
+    finally:
+        ft.enable_compile(None)

@@ -4,11 +4,24 @@ Same algorithm and same values as ``reprobisect.trace.fingerprint`` (see its doc
 only the per-row sums and six statistics leave the device. ``begin`` queues the device
 work without synchronising, ``finish`` brings the small results to the host, so a
 recorder can fingerprint a whole step and synchronise once.
+
+Speed (CPU): each block of rows is widened once into an int64 scratch that stays in
+cache (``copy_``) and reduced against the weights with one int64 ``mv`` (an exact
+multiply-add modulo 2**64, like the reference): two passes instead of the three of
+``mul(out=)`` + ``sum``, about 2x faster here. Accelerators keep ``mul`` + ``sum`` on
+large blocks (integer ``mv`` is a CPU kernel). ``enable_compile`` (or
+``REPROBISECT_FP_COMPILE=1``) opts in to a ``torch.compile``d row reduction for large
+tensors: one fused read of the 32-bit lanes, near memory bandwidth, after a one-off
+compile that costs tens of seconds on a small CPU (``scripts/bench/bench_fingerprint.py``
+measures both); it falls back to the eager path if compiling fails. Every path gives
+bit-identical row sums: the reduction is exact integer arithmetic modulo 2**64, so its
+order does not matter.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +30,45 @@ import torch
 
 from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
 
-__all__ = ["Pending", "begin", "finish", "fingerprint", "fingerprint_and_stats"]
+__all__ = ["Pending", "begin", "enable_compile", "finish", "fingerprint", "fingerprint_and_stats"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
-_BLOCK_ROWS = {"cpu": 64}
+_BLOCK_ROWS = {"cpu": 16}  # 512 KiB of int64 scratch: stays in L2 between copy_ and mv
 _DEFAULT_BLOCK_ROWS = 4096  # accelerators: ~128 MiB of int64 scratch per block
+_compile_min_bytes: int | None = None
+_compiled: Any = None
+_compile_failed = False
+
+
+def enable_compile(min_bytes: int | None = 64 << 20) -> None:
+    """Opt in to the ``torch.compile``d row reduction for tensors of at least ``min_bytes``.
+
+    ``None`` turns it off. The first large tensor pays the compile (tens of seconds on a
+    small CPU); values are identical either way.
+    """
+    global _compile_min_bytes
+    _compile_min_bytes = min_bytes
+
+
+if os.environ.get("REPROBISECT_FP_COMPILE", "").strip() not in ("", "0"):
+    enable_compile()
+
+
+def _rowsum_fused(grid: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (grid.to(torch.int64) * w).sum(1)
+
+
+def _compiled_row_sums(grid: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    global _compiled, _compile_failed
+    if _compile_failed:
+        return None
+    try:
+        if _compiled is None:
+            _compiled = torch.compile(_rowsum_fused, dynamic=True)
+        return _compiled(grid, w)
+    except Exception:  # no compiler, unsupported backend: the eager path gives the same value
+        _compile_failed = True
+        return None
 
 
 def _device_weights(device: torch.device) -> torch.Tensor:
@@ -53,20 +100,35 @@ def _row_sums(lanes: torch.Tensor) -> torch.Tensor:
     parts = []
     if full:
         grid = lanes[: full * ROW].view(full, ROW)
-        block = _BLOCK_ROWS.get(lanes.device.type, _DEFAULT_BLOCK_ROWS)
-        out = torch.empty(full, dtype=torch.int64, device=lanes.device)
-        buf = torch.empty(min(block, full), ROW, dtype=torch.int64, device=lanes.device)
-        for i in range(0, full, block):
-            blk = grid[i : i + block]
-            b = buf[: blk.shape[0]]
-            torch.mul(blk, w, out=b)
-            torch.sum(b, 1, out=out[i : i + blk.shape[0]])
+        out = None
+        if _compile_min_bytes is not None and n * 4 >= _compile_min_bytes:
+            out = _compiled_row_sums(grid, w)
+        if out is None:
+            out = _eager_row_sums(grid, w)
         parts.append(out)
     if rem:
         parts.append((lanes[full * ROW :].to(torch.int64) * w[:rem]).sum().reshape(1))
     if not parts:
         return torch.empty(0, dtype=torch.int64, device=lanes.device)
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _eager_row_sums(grid: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    full = grid.shape[0]
+    cpu = grid.device.type == "cpu"
+    block = _BLOCK_ROWS.get(grid.device.type, _DEFAULT_BLOCK_ROWS)
+    out = torch.empty(full, dtype=torch.int64, device=grid.device)
+    buf = torch.empty(min(block, full), ROW, dtype=torch.int64, device=grid.device)
+    for i in range(0, full, block):
+        blk = grid[i : i + block]
+        b = buf[: blk.shape[0]]
+        if cpu:
+            b.copy_(blk)
+            torch.mv(b, w, out=out[i : i + blk.shape[0]])
+        else:
+            torch.mul(blk, w, out=b)
+            torch.sum(b, 1, out=out[i : i + blk.shape[0]])
+    return out
 
 
 @dataclass
