@@ -202,9 +202,10 @@ def kill_all_running(owner: object | None = None) -> int:
 
 
 def _commit_of(workdir: Path) -> str | None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
     try:
         r = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, timeout=30
+            ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, timeout=30, env=env
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -335,3 +335,17 @@ def test_ctrl_c_kills_the_probes_and_exits_130(work):
         except (ProcessLookupError, FileNotFoundError):
             alive = False
         assert not alive, f"probe child {pid} survived Ctrl-C"
+
+
+def test_progress_quiet_and_notes(capsys):
+    from reprobisect.progress import progress
+
+    with progress("x", total=2, quiet=True) as p:
+        p.update("probing a")
+        p.advance()
+        p.note("hidden")
+    assert p.completed == 1 and p.status == "probing a"
+    with progress("x", total=2) as p:
+        p.note("shown line")
+    captured = capsys.readouterr()
+    assert "hidden" not in captured.err and "shown line" in captured.err and captured.out == ""
