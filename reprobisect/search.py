@@ -14,6 +14,12 @@ known-bad index); the answer lies in ``lo+1 .. hi``. Points that could not be te
 ``hi`` the answer is *ambiguous* and the result lists every point it could be
 ("could be any of"), never a guess.
 
+Histories with merges: given ``parents``, the search works on the graph as ``git
+bisect`` does — the candidates are the ancestors of every bad point that are not
+ancestors of a good one, each probe is chosen so that the candidates left split evenly,
+and the answer is a bad point whose parents on the axis are all good. Without
+``parents`` the axis is a line (steps, a first-parent history).
+
 Terms: ``terms=("good", "bad")`` (default) or ``("old", "new")`` or any pair; the first
 term means "before the change", the second "after it". ``good``/``bad`` and
 ``old``/``new`` are accepted as aliases with any terms, so hunting the commit that

@@ -324,7 +324,8 @@ def test_replay_equals_live(k: int) -> None:
     final = live.result()
     # replaying the whole log gives the same result
     again = Bisection.replay(list(range(n)), json.loads(json.dumps(live.log)))
-    assert again.result() == final
+    assert again.result() == final and again.log == live.log
+    assert [again.verdict(p) for p in range(n)] == [live.verdict(p) for p in range(n)]
     # resuming from the middle finishes at the same answer and the same total
     resumed = Bisection.replay(list(range(n)), partial_log)
     assert resumed.result().probes == len(partial_log)
@@ -358,6 +359,11 @@ def test_result_json_round_trip() -> None:
     d = json.loads(json.dumps(r.to_json()))
     assert d["first_bad"] == "c21" and d["last_good"] == "c20" and d["candidates"] == ["c21"] and d["size"] == 40
     assert SearchResult(**{**d, "candidates": tuple(d["candidates"]), "skipped": tuple(d["skipped"]), "terms": tuple(d["terms"])}) == r
+
+
+def test_bounds_helpers() -> None:
+    assert [max_probes(n) for n in (2, 3, 4, 5, 9, 257)] == [0, 1, 2, 2, 3, 8]
+    assert max_rounds(257, 1) == 8 and max_rounds(257, 3) == 4 and max_rounds(2, 4) == 0
 
 
 def test_unfinished_result_is_falsy() -> None:
