@@ -96,12 +96,12 @@ def test_in_flight_points_count_as_splits() -> None:
     more = b.next(1)  # 8 in flight: the next probe goes into one half, not at 8 again
     assert more and more[0] != 8 and more[0] in (4, 12)
     assert set(b.in_flight) == {8, more[0]}
-    b.mark(8, "bad")
-    # 12 (if it was picked) is now outside the open range: obsolete
-    if more[0] == 12:
-        assert b.obsolete() == (12,)
+    b.mark(8, "bad" if more[0] == 12 else "good")
+    # the other half is now outside the open range: its probe is obsolete
+    assert b.obsolete() == (more[0],)
+    assert more[0] not in b.remaining()
     b.cancel(more[0])
-    assert b.in_flight == ()
+    assert b.in_flight == () and b.obsolete() == ()
 
 
 def test_pipelined_driver_keeps_k_busy_and_finds_answer() -> None:
@@ -279,6 +279,16 @@ def test_unverified_ends_are_probed_first() -> None:
     assert r.first_bad == 6 and 2 < r.probes <= 2 + max_probes(10)
 
 
+def test_state_before_the_ends_are_known() -> None:
+    b = Bisection(list(range(10)), assume_ends=False)
+    assert len(b) == 10 and b.remaining() == tuple(range(1, 10)) and b.obsolete() == ()
+    assert b.steps_left() == max_probes(10) + 2
+    b.mark(0, "good")
+    r = b.result()
+    assert not r and not r.done and r.last_good == 0 and r.first_bad is None
+    assert b.verdict(0) == "good" and b.verdict(9) is None and b.steps_left() == max_probes(10) + 1
+
+
 def test_ends_in_parallel() -> None:
     b = Bisection(list(range(10)), assume_ends=False)
     assert b.next(4) == [0, 9]
@@ -450,6 +460,14 @@ def test_graph_mode_skips_give_candidates_and_contradictions() -> None:
     b2.mark("S2", "bad")
     with pytest.raises(ContradictionError):
         b2.mark("C", "bad")  # C shares no candidate with S2: two separate changes
+
+
+def test_graph_mode_ignores_parents_off_the_axis() -> None:
+    # like commit_parents for a range: the oldest commits' parents lie before the good end
+    pts = ["G", "x", "y", "B"]
+    parents = {"G": ["older"], "x": ["G", "elsewhere"], "y": ["x"], "B": ["y"]}
+    r = run(Bisection(pts, parents=parents), lambda p: "bad" if p in ("y", "B") else "good")
+    assert r.first_bad == "y" and r.last_good == "x"
 
 
 def test_graph_mode_refuses_non_topological_order() -> None:
