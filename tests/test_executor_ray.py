@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from concurrent.futures import wait
@@ -271,6 +273,23 @@ def test_timeout_cancels_the_task_and_kills_its_worker(cluster, tmp_path):
         pytest.fail(f"the worker process {pid} of a cancelled probe is still alive")
 
 
+def test_close_ends_running_and_queued_probes(cluster, tmp_path):
+    work = _folder(tmp_path, "w", mode="sleep 60")
+    pidfile = tmp_path / "pids"
+    ex = RayExecutor(runner=RUNNER, max_parallel=1)
+    running = ex.submit(_spec("run", workdir=work, env={"PIDFILE": str(pidfile)}))
+    queued = ex.submit(_spec("queued", workdir=work))
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ex.close()
+    res = running.result(timeout=5)
+    assert res.outcome.status == "infra" and "closed" in res.outcome.detail
+    assert queued.cancelled()
+    with pytest.raises(ProbeError, match="closed"):
+        ex.submit(_spec("late", workdir=work))
+
+
 def test_dead_worker_is_retried_then_infra_never_bad(cluster, tmp_path):
     once = _folder(tmp_path, "once", value="4.0", mode="die-once")
     always = _folder(tmp_path, "always", mode="die")
@@ -328,9 +347,9 @@ def test_killing_a_node_mid_search_still_finds_the_culprit(cluster, history, tmp
 
     def kill_once(round_no):
         if round_no == 1 and not killed:
-            time.sleep(0.5)  # the round's probes are running (each sleeps 0.3 s after start-up)
+            time.sleep(0.5)  # the round's probes are starting (a fresh worker each) or running
+            killed.append(cluster.cpu_node.node_id)
             cluster.remove_node(cluster.cpu_node, allow_graceful=False)
-            killed.append(True)
 
     try:
         with RayExecutor(runner=RUNNER, max_parallel=3, max_retries=3, start_grace_s=60) as ex:
@@ -340,6 +359,8 @@ def test_killing_a_node_mid_search_still_finds_the_culprit(cluster, history, tmp
         cluster.wait_for_nodes()
     assert killed
     assert result.first_bad == commits[CULPRIT]
+    # round 1 put one probe on each of the three 1-CPU nodes: the one on the killed node ran again elsewhere
+    assert killed[0] not in {r.node_id for r in results}
     assert all(r.outcome.status == "ok" for r in results), [str(r.outcome) for r in results]
 
 
@@ -374,8 +395,8 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
     git("init", "-q")
     commits = []
-    for i in range(6):
-        (repo / "train.py").write_text(_TRAIN.format(scale="1.5" if i >= 4 else "1.0") + f"# edit {i}\n")
+    for i in range(4):
+        (repo / "train.py").write_text(_TRAIN.format(scale="1.5" if i >= 2 else "1.0") + f"# edit {i}\n")
         git("add", "-A")
         git("commit", "-q", "-m", f"c{i}")
         commits.append(git("rev-parse", "HEAD").stdout.strip())
@@ -386,14 +407,16 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
     ):
         with ex:
             cfg = RunsConfig(good=commits[0], bad=commits[-1], command=(sys.executable, "train.py"), repo=str(repo),
-                             cwd=str(repo), cache_dir=str(tmp_path / f"runs-{name}"), options=ProbeOptions(steps=2, quiet=True))
+                             cwd=str(repo), cache_dir=str(tmp_path / f"runs-{name}"), recheck=False,
+                             options=ProbeOptions(steps=2, quiet=True))
             answers[name] = find_first_bad(cfg, executor=ex)
-    assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[4]
+    assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[2]
 
 
 def test_local_instance_started_and_shut_down(tmp_path):
     """Without an address the executor starts its own Ray (no dashboard) and stops it on close."""
     script = tmp_path / "local_ray.py"
+    short_tmp = tempfile.mkdtemp(prefix="rb-ray-", dir="/tmp")  # Ray's socket paths must stay < 108 bytes
     script.write_text(
         textwrap.dedent(
             f"""
@@ -404,7 +427,7 @@ def test_local_instance_started_and_shut_down(tmp_path):
             from test_executor_ray import RUNNER, _spec
             from reprobisect.executors.ray import RayExecutor
             work = Path({str(tmp_path)!r}) / "w"; work.mkdir(); (work / "value.txt").write_text("7")
-            ex = RayExecutor(runner=RUNNER, num_cpus=1, temp_dir={str(tmp_path / "ray")!r})
+            ex = RayExecutor(runner=RUNNER, num_cpus=1, temp_dir={short_tmp!r})
             started = ray.is_initialized()
             res = ex.submit(_spec("solo", workdir=work)).result(timeout=120)
             out = ex.out_dir
@@ -419,3 +442,4 @@ def test_local_instance_started_and_shut_down(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"started": True, "status": "ok", "after": False, "out_left": False}
+    shutil.rmtree(short_tmp, ignore_errors=True)

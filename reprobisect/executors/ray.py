@@ -412,10 +412,12 @@ class RayExecutor:
             except ReproError:
                 raise
             except Exception as e:  # ConnectionError, RuntimeError, ValueError from ray.init
-                where = address or "a local Ray instance"
+                why = _first_line(e)
+                if address is None:
+                    raise ProbeError(f"cannot start a local Ray instance: {why}") from None
                 raise ProbeError(
-                    f"cannot start or reach Ray at {where}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
-                    "check --address (e.g. auto or ray://HOST:10001) and that the cluster runs the same Ray version"
+                    f"cannot reach the Ray cluster at '{address}': {why}; check --address "
+                    "(auto, or ray://HOST:10001) and that the cluster runs the same Ray and Python versions"
                 ) from None
 
         capacity = self._check_feasible()
@@ -539,7 +541,15 @@ class RayExecutor:
                 ray.cancel(ref, force=True)
             except Exception:
                 pass
-            run.job.futures[run.index].cancel()
+            fut = run.job.futures[run.index]
+            if not fut.done():  # a running future cannot be cancelled: it ends as infra, never as bad
+                fut.set_result(
+                    RayProbeResult(
+                        spec=run.spec,
+                        outcome=Outcome("infra", detail="the Ray executor was closed while the probe ran; it was cancelled"),
+                        placement=run.job.placement,
+                    )
+                )
             self._release(run.job)
         if not self.keep:
             self._clean_workers()
