@@ -235,6 +235,7 @@ def test_repro_check(runs):
 # --------------------------------------------------------------------------- bisect probe
 
 
+@pytest.mark.slow
 def test_probe_command_exit_codes(runs):
     d = runs["_dir"]
     ref = runs["base"].trace_dir

@@ -160,6 +160,7 @@ def test_bad_input_is_one_line_exit_2(work, args, message):
 # --------------------------------------------------------------------------- repro
 
 
+@pytest.mark.slow
 def test_repro_deterministic_then_hashseed_differ_exposes_hash_order(work):
     fixed = {"PYTHONHASHSEED": "0"}
     p = _bisect("repro", "-j", "2", "--", "python", "train.py", "--hash-init", cwd=work, env=fixed)
@@ -186,6 +187,7 @@ def test_repro_library_reports_a_crash_as_probe_error(work):
 # --------------------------------------------------------------------------- seeds
 
 
+@pytest.mark.slow
 def test_seeds_end_to_end_flags_a_data_order_ignoring_the_seed(work):
     p = _bisect("seeds", "--seeds", "0,1", "-j", "2", "--json", "--", "python", "train.py", "--seed", "{seed}", "--data-seed", "7", cwd=work)
     assert p.returncode == 1, p.stderr
@@ -288,6 +290,7 @@ def test_env_spec_parsing():
         apply_template(["{dtype}"], parse_env_spec("x=1", "b"), "b")
 
 
+@pytest.mark.slow
 def test_envs_end_to_end(work):
     p = _bisect(
         "envs", "-j", "2",
