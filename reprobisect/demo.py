@@ -249,7 +249,9 @@ def build_demo_repo(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     if any(root.iterdir()):
-        raise FileExistsError(f"{root} is not empty")
+        from reprobisect.errors import UsageError
+
+        raise UsageError(f"{root} is not empty; give --dir a new or empty folder")
     proj = root / subdir
     proj.mkdir(parents=True, exist_ok=True)
     _git(root, "init", "-q", "-b", "main")
