@@ -430,11 +430,13 @@ class WorktreePool:
                 _git(["submodule", "update", "--init", "--recursive", "--force", "--quiet"], wt)
                 if not new:
                     _git(["submodule", "foreach", "--recursive", "--quiet", "git clean -ffdxq"], wt, check=False)
-        except BaseException:
+        except BaseException as e:
             with self._lock:
                 if wt in self._all:
                     self._all.remove(wt)
             self._remove(wt)
+            if isinstance(e, ProbeError):
+                resolve(self.repo, commit)  # an unknown commit is the user's mistake: say so
             raise
         return wt
 

@@ -96,6 +96,7 @@ def test_open_repo_from_subdir_and_linked_worktree(linear, tmp_path: Path) -> No
     assert info.root == repo.resolve() and info.subdir == "src"
     assert info.common_dir == (repo / ".git").resolve() and info.git_dir == info.common_dir
     assert open_repo(repo).subdir == "."
+    assert open_repo(repo / "src" / "lib.py").subdir == "src"  # a file: its folder
     git(repo, "worktree", "add", "-q", "--detach", str(tmp_path / "linked"), "HEAD")
     linked = open_repo(tmp_path / "linked")
     assert linked.root == (tmp_path / "linked").resolve()
@@ -350,7 +351,16 @@ def test_checkout_unknown_revision(linear) -> None:
     with pytest.raises(UsageError, match="unknown revision 'nope'"):
         with checkout(repo, "nope"):
             pass
+    with WorktreePool(repo) as pool:
+        with pytest.raises(UsageError, match=f"unknown revision '{'0' * 40}'"):
+            with pool.checkout("0" * 40):  # a full hash skips the look-up: still one clear line
+                pass
+        assert pool.worktrees == ()
     assert registered(repo) == [str(repo.resolve())]
+    assert list(default_cache_dir(repo).iterdir()) == []
+    with pytest.raises(ProbeError, match="pool is closed"):
+        with pool.checkout("HEAD"):
+            pass
 
 
 def test_stale_worktrees_of_a_killed_session_are_pruned(linear, tmp_path: Path) -> None:
