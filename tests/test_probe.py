@@ -117,6 +117,17 @@ def test_missing_interpreter_is_skip(tmp_path):
     assert r.outcome.status == "skip" and "not found" in r.outcome.detail
 
 
+def test_interpreter_without_reprobisect_is_skip_with_the_fix(tmp_path):
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    if not base.is_file() or Path(sys.prefix) == Path(sys.base_prefix):
+        pytest.skip("no base interpreter outside the virtual environment")
+    if subprocess.run([str(base), "-c", "import reprobisect"], cwd=tmp_path, capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter has reprobisect installed")
+    (tmp_path / "t.py").write_text("pass\n")
+    r = run_in_dir(_spec(tmp_path, "python", "t.py", python=str(base)), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "skip" and "cannot import reprobisect" in r.outcome.detail
+
+
 def test_missing_subdir_is_skip(tmp_path):
     r = run_in_dir(_spec(tmp_path, "python", "t.py", subdir="gone"), tmp_path, tmp_path / "T")
     assert r.outcome.status == "skip" and "gone" in r.outcome.detail
