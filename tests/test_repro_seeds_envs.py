@@ -352,3 +352,9 @@ def test_progress_quiet_and_notes(capsys):
         p.note("shown line")
     captured = capsys.readouterr()
     assert "hidden" not in captured.err and "shown line" in captured.err and captured.out == ""
+
+
+def test_example_config_file_loads():
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "probe.yaml"
+    o = build_options({}, cfg)
+    assert (o.steps, o.timeout, o.jobs, o.tolerance, o.full_steps) == (3, 900.0, 2, "bitwise", (0,))
