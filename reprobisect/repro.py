@@ -73,8 +73,12 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
 
 def _failed(results: list[ProbeResult], what: str) -> ProbeError:
     r = next(r for r in results if not r.outcome)
-    tail = r.stderr_tail.strip().splitlines()[-1:] or [""]
-    return ProbeError(f"{what}: run '{r.spec.key}' ended {r.outcome}" + (f" ({tail[0].strip()[:200]})" if tail[0] and tail[0] not in str(r.outcome) else ""))
+    msg = f"{what}: run '{r.spec.key}' ended {r.outcome}"
+    if not r.outcome.detail:
+        tail = [ln.strip() for ln in r.stderr_tail.strip().splitlines() if ln.strip()][-1:]
+        if tail:
+            msg += f" ({tail[0][:200]})"
+    return ProbeError(msg)
 
 
 # --------------------------------------------------------------------------- probe
