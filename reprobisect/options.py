@@ -29,7 +29,7 @@ import click
 
 from reprobisect.errors import UsageError
 
-__all__ = ["ProbeOptions", "probe_options", "split_command", "load_config", "TOLERANCES", "parse_steps"]
+__all__ = ["ProbeOptions", "probe_options", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
 
 TOLERANCES = ("bitwise", "default")
 
