@@ -125,20 +125,22 @@ def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> li
     """The launcher command that records ``spec.argv`` into ``trace_dir``.
 
     The interpreter is ``spec.python`` when given, else the command's own interpreter;
-    a bare ``python``/``python3`` resolves to the interpreter running reprobisect (the
-    one an activated virtual environment gives). Raises ``UsageError`` for commands that
+    a bare ``python``/``python3``/``python3.X`` of the running version resolves to the
+    interpreter running reprobisect (the one an activated virtual environment gives);
+    another version by name or a path is kept as given. Raises ``UsageError`` for commands that
     are not Python (see the module docstring).
     """
     argv = list(spec.argv)
     if not argv:
         raise UsageError("give the training command after --, e.g. bisect repro -- python train.py")
     given, opts, prog = _split_interpreter(argv, cwd)
+    ours = {"python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}"}
     if spec.python:
         python = spec.python
-    elif given is None or os.sep not in given:
+    elif given is None or given in ours:
         python = sys.executable
     else:
-        python = given
+        python = given  # a path, or another version by name (python3.10): that interpreter
     cmd = [python, *opts, "-m", "reprobisect.runners.launch", "--trace", str(trace_dir), "--steps", str(spec.steps)]
     if spec.full_steps:
         cmd += ["--full-steps", ",".join(str(s) for s in spec.full_steps)]

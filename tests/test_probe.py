@@ -60,7 +60,7 @@ def _bisect(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Completed
     [
         (("python", "train.py", "--lr", "1"), ["train.py", "--lr", "1"], []),
         (("python3", "-u", "-m", "pkg.train", "-x"), ["-m", "pkg.train", "-x"], ["-u"]),
-        (("python3.11", "-X", "dev", "t.py"), ["t.py"], ["-X", "dev"]),
+        ((f"python{sys.version_info.major}.{sys.version_info.minor}", "-X", "dev", "t.py"), ["t.py"], ["-X", "dev"]),
     ],
 )
 def test_launch_argv_rewrites_python_commands(tmp_path, argv, expect_prog, expect_opts):
@@ -78,6 +78,8 @@ def test_launch_argv_rewrites_python_commands(tmp_path, argv, expect_prog, expec
 def test_launch_argv_interpreter_paths(tmp_path):
     cmd = launch_argv(ProbeSpec(key="k", argv=("/opt/py/bin/python", "t.py")), tmp_path / "T")
     assert cmd[0] == "/opt/py/bin/python"
+    cmd = launch_argv(ProbeSpec(key="k", argv=("python2.7", "t.py")), tmp_path / "T")
+    assert cmd[0] == "python2.7"  # another version by name stays that interpreter
     cmd = launch_argv(ProbeSpec(key="k", argv=("python", "t.py"), python="/other/python3"), tmp_path / "T")
     assert cmd[0] == "/other/python3"
     script = tmp_path / "run.py"
