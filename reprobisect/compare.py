@@ -339,63 +339,89 @@ def _ulp_distance(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> int | None
     return int(d.max())
 
 
+_CHUNK = 1 << 20  # elements per chunk: metrics in bounded memory, chunks with equal bits skipped
+
+
 def _measure(x: np.ndarray, y: np.ndarray, rule: tuple[float, float] | None, dtype: str) -> TensorDiff:
-    """Metrics from two full tensors of the same dtype and shape."""
+    """Metrics from two full tensors of the same dtype and shape, chunk by chunk."""
     total = int(x.size)
     if total == 0:
         return TensorDiff("identical", "tensors", total=0, mismatched=0, bitwise=rule is None)
     is_float = _is_float(dtype)
+    fx, fy = x.reshape(-1), y.reshape(-1)
+    bx, by = _bits(fx), _bits(fy)
+    lanes = bx.size // fx.size  # 2 for complex (real, imaginary)
+    count = nonfinite = 0
+    first: int | None = None
+    max_abs = max_rel = 0.0
+    ulp: int | None = 0 if is_float and x.dtype.kind != "c" and x.dtype.itemsize in (2, 4, 8) else None
+    nan = [0, 0]
+    inf = [0, 0]
+    any_bits = False
     with np.errstate(all="ignore"):
-        if is_float and x.dtype.kind != "c":
-            fa, fb = x.astype(np.float64), y.astype(np.float64)
-        elif x.dtype.kind == "c":
-            fa, fb = x.astype(np.complex128), y.astype(np.complex128)
-        else:
-            fa, fb = x.astype(np.float64), y.astype(np.float64)
-        bit_diff = _bits(x) != _bits(y)
-        if x.dtype.kind == "c":
-            bit_diff = bit_diff.reshape(*x.shape, 2).any(-1)
-        nan_a, nan_b = np.isnan(fa), np.isnan(fb)
-        both_finite = np.isfinite(fa) & np.isfinite(fb)
-        absdiff = np.where(both_finite, np.abs(fa - fb), 0.0)
-        absb = np.abs(fb)
-        if rule is None:
-            mismatch = bit_diff
-        else:
-            atol, rtol = rule
-            same = (fa == fb) | (nan_a & nan_b)  # -0.0 == 0.0, inf == inf, NaN by position
-            mismatch = ~same & ~(both_finite & (absdiff <= atol + rtol * np.where(both_finite, absb, 0.0)))
-        count = int(np.count_nonzero(mismatch))
-        max_abs = float(absdiff.max())
-        rel = np.where(absdiff > 0, absdiff / np.where(absb > 0, absb, 1.0), 0.0)
-        rel = np.where((absdiff > 0) & (absb == 0), np.inf, rel)
-        max_rel = float(rel.max())
-        nonfinite = int(np.count_nonzero(mismatch & ~both_finite))
-        ulp = _ulp_distance(x, y, ~(nan_a | nan_b)) if is_float else None
-    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(mismatch)), x.shape)) if count else None
+        for lo in range(0, total, _CHUNK):
+            hi = min(total, lo + _CHUNK)
+            xa, ya = fx[lo:hi], fy[lo:hi]
+            bit_diff = bx[lo * lanes : hi * lanes] != by[lo * lanes : hi * lanes]
+            if lanes > 1:
+                bit_diff = bit_diff.reshape(-1, lanes).any(-1)
+            if is_float:
+                wide = np.complex128 if x.dtype.kind == "c" else np.float64
+                fa, fb = xa.astype(wide), ya.astype(wide)
+                nan_a, nan_b = np.isnan(fa), np.isnan(fb)
+                nan[0] += int(nan_a.sum())
+                nan[1] += int(nan_b.sum())
+                inf[0] += int(np.isinf(fa).sum())
+                inf[1] += int(np.isinf(fb).sum())
+            if not bit_diff.any():
+                continue
+            any_bits = True
+            if not is_float:
+                fa, fb = xa.astype(np.float64), ya.astype(np.float64)
+                nan_a = nan_b = np.zeros(fa.shape, bool)
+            both_finite = np.isfinite(fa) & np.isfinite(fb)
+            absdiff = np.where(both_finite, np.abs(fa - fb), 0.0)
+            absb = np.abs(fb)
+            if rule is None:
+                mismatch = bit_diff
+            else:
+                atol, rtol = rule
+                same = (fa == fb) | (nan_a & nan_b)  # -0.0 == 0.0, inf == inf, NaN by position
+                mismatch = ~same & ~(both_finite & (absdiff <= atol + rtol * np.where(both_finite, absb, 0.0)))
+            c = int(np.count_nonzero(mismatch))
+            if c and first is None:
+                first = lo + int(np.argmax(mismatch))
+            count += c
+            nonfinite += int(np.count_nonzero(mismatch & ~both_finite))
+            max_abs = max(max_abs, float(absdiff.max()))
+            rel = np.where(absdiff > 0, absdiff / np.where(absb > 0, absb, 1.0), 0.0)
+            rel = np.where((absdiff > 0) & (absb == 0), np.inf, rel)
+            max_rel = max(max_rel, float(rel.max()))
+            if ulp is not None:
+                ulp = max(ulp, _ulp_distance(xa, ya, ~(nan_a | nan_b)) or 0)
+    first_index = tuple(int(i) for i in np.unravel_index(first, x.shape)) if first is not None else None
     notes = []
     if nonfinite:
         notes.append(f"{nonfinite} mismatch(es) involve NaN/Inf (max abs/rel cover finite pairs only)")
     if count:
         verdict = "diverged"
-    elif not bit_diff.any():
+    elif not any_bits:
         verdict = "diverged"
         notes.append("fingerprints differ but the stored tensors are bit-identical (inconsistent trace)")
     else:
         verdict = "close" if rule is not None else "diverged"
-    detail = "; ".join(notes)
     return TensorDiff(
         verdict,
         "tensors",
-        detail=detail,
+        detail="; ".join(notes),
         max_abs=max_abs,
         max_rel=max_rel,
         mismatched=count,
         total=total,
-        first_index=first,
+        first_index=first_index,
         max_ulp=ulp,
-        nan=(int(nan_a.sum()), int(nan_b.sum())),
-        inf=(int(np.isinf(fa).sum()), int(np.isinf(fb).sum())),
+        nan=(nan[0], nan[1]) if is_float else (0, 0),
+        inf=(inf[0], inf[1]) if is_float else (0, 0),
         atol=None if rule is None else rule[0],
         rtol=None if rule is None else rule[1],
         bitwise=rule is None,

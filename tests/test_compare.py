@@ -465,19 +465,38 @@ def test_cli_allow_incomplete(tmp_path, capsys):
     assert code == 0 and "(incomplete, 2 steps)" in out
 
 
-def test_cli_zoom_without_zoom_support(tmp_path, capsys):
+def test_cli_zoom(tmp_path, capsys):
+    """--zoom hands the comparison to reprobisect.zoom; a divergence that is no module output is one line, exit 2."""
     a = build(tmp_path / "a")
     b = build(tmp_path / "b", change=bump(3, "grad", "fc1.weight", 1e-3))
-    try:
-        from reprobisect.zoom import run_zoom  # noqa: F401
-
-        run_zoom(str(a), str(b), None)
-    except NotImplementedError:
-        pass
-    except Exception:  # a real zoom exists: it has its own tests
-        pytest.skip("op-level zoom is built")
     code, out, err = _run(capsys, a, b, "--zoom")
-    assert code == 2 and err.strip() == "error: op-level zoom is not available in this build"
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    try:
+        import reprobisect.zoom as zoom
+
+        built = hasattr(zoom, "zoom_target")
+    except ImportError:
+        built = False
+    if built:
+        assert "not a module output" in err and "'fc1.weight' at step 3" in err
+    else:
+        assert err.strip() == "error: op-level zoom is not available in this build"
+    code, out, _ = _run(capsys, a, build(tmp_path / "same"), "--zoom")
+    assert code == 0  # nothing to zoom into
+
+
+def test_measure_works_chunk_by_chunk(tmp_path, monkeypatch):
+    import reprobisect.compare as cmp
+
+    monkeypatch.setattr(cmp, "_CHUNK", 7)
+    x = np.arange(50, dtype=np.float32).reshape(5, 10)
+    y = x.copy()
+    y[2, 3] += 1  # flat 23: the fourth chunk
+    y[4, 9] = np.nan  # flat 49: the last, short chunk
+    a, b = _pair(tmp_path, x, y)
+    d = compare_traces(a, b, Tolerance(mode="default")).first.diff
+    assert (d.mismatched, d.first_index, d.max_abs, d.nan) == (2, (2, 3), 1.0, (0, 1))
+    assert d.max_ulp == 2**23 // 16  # 23 → 24: one binade step of float32 at 16..32
 
 
 def test_bisect_compare_as_a_real_process(tmp_path):

@@ -47,7 +47,7 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
 
     zoomed = None
     if zoom and not result and result.first is not None:
-        zoomed = _zoom(a, b, result.first)
+        zoomed = _zoom(a, b, result)  # zooms into the origin module, else the first divergence
     if as_json:
         data = result.to_json()
         if zoomed is not None:

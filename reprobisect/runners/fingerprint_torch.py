@@ -33,7 +33,9 @@ from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finis
 __all__ = ["Pending", "begin", "enable_compile", "finish", "fingerprint", "fingerprint_and_stats"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
-_BLOCK_ROWS = {"cpu": 16}  # 512 KiB of int64 scratch: stays in L2 between copy_ and mv
+_BLOCK_ROWS = {"cpu": 8}  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
+# elements, at ATen's grain size, so copy_ does not fork threads per block (a loaded machine
+# makes every fork-join wait for the slowest thread)
 _DEFAULT_BLOCK_ROWS = 4096  # accelerators: ~128 MiB of int64 scratch per block
 _compile_min_bytes: int | None = None
 _compiled: Any = None
