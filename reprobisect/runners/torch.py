@@ -59,7 +59,7 @@ import torch
 
 from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.trace import record_array
-from reprobisect.trace.format import KINDS, Record
+from reprobisect.trace.format import KINDS, Record, stat_value
 
 __all__ = ["RecordPolicy", "StopRun", "TorchRecorder", "to_numpy"]
 
@@ -209,7 +209,8 @@ class TorchRecorder:
         self._occ: dict[tuple[str, str], int] = {}
         self._cache: dict[int, tuple[torch.Tensor, int, fpt.Pending]] = {}
         self._batch_ids: list[int] | None = None
-        self._grad_norms: dict[int, torch.Tensor] = {}
+        self._grad_seen: dict[int, tuple[Any, int, fpt.Pending | torch.Tensor]] = {}
+        self._pre_clip: list[fpt.Pending | torch.Tensor] = []
         self._data_wait = 0.0
         self._record_s = 0.0
         self._t0: float | None = None
@@ -225,24 +226,28 @@ class TorchRecorder:
         return base if k == 0 else f"{base}#{k}"
 
     def _begin(self, t: torch.Tensor) -> fpt.Pending:
+        # keyed by the tensor object the hooks see (weakly: no graph is kept alive), and
+        # its version counter, so an in-place change is fingerprinted again
         hit = self._cache.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == t._version:
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
             return hit[2]
         p = fpt.begin(t, with_stats=self.policy.stats)
-        self._cache[id(t)] = (t, t._version, p)
+        self._cache[id(t)] = (weakref.ref(t), t._version, p)
         return p
 
-    def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None) -> None:
+    def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None) -> fpt.Pending | None:
         if not _fingerprintable(t):
-            return
+            return None
         if self._t0 is None:
             self._t0 = time.perf_counter()
+        pending = self._begin(t)
         t = t.detach()
-        e = _Entry(kind=kind, name=self._unique(kind, base), pending=self._begin(t), source=t, module=module, inputs=inputs)
+        e = _Entry(kind=kind, name=self._unique(kind, base), pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
             self._keep_array(e, t)
         e.seq = len(self._entries)
         self._entries.append(e)
+        return pending
 
     def _keep_array(self, e: _Entry, t: torch.Tensor) -> None:
         nbytes = t.numel() * t.element_size()
@@ -473,7 +478,7 @@ class TorchRecorder:
                     ts = _tensors(args)
                     for i, t in enumerate(ts):
                         self._add("input", "input" if len(ts) == 1 else f"input[{i}]", t)
-            self._in_stack[-1] = [self._begin(t.detach()) for t in _tensors(args) if _fingerprintable(t)]
+            self._in_stack[-1] = [self._begin(t) for t in _tensors(args) if _fingerprintable(t)]
         self._record_s += time.perf_counter() - t0
 
     def _fwd(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -494,7 +499,7 @@ class TorchRecorder:
             is_model = not self._stack and id(module) == self._primary
             name = self._module_name(module)
             if not self._stack and not inputs and kwargs:
-                inputs = [self._begin(t.detach()) for t in _tensors(kwargs) if _fingerprintable(t)]
+                inputs = [self._begin(t) for t in _tensors(kwargs) if _fingerprintable(t)]
             ts = _tensors(output)
             cls = type(module).__name__
             for i, t in enumerate(ts):
@@ -515,8 +520,9 @@ class TorchRecorder:
             return
         if self._t0 is None:
             self._t0 = time.perf_counter()
+        pending = self._begin(t)
         t = t.detach()
-        e = _Entry(kind="activation", name=full, pending=self._begin(t), source=t, module=cls, inputs=inputs)
+        e = _Entry(kind="activation", name=full, pending=pending, source=t, module=cls, inputs=inputs)
         if self._full:
             self._keep_array(e, t)
         e.seq = len(self._entries)
@@ -526,7 +532,13 @@ class TorchRecorder:
         if self.done or p.grad is None or p.grad.is_sparse:
             return
         with torch.no_grad():
-            self._grad_norms[id(p)] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64)
+            g = p.grad
+            # the gradient before clipping: fingerprinted here; the optimizer pre-hook
+            # reuses this unless clipping (or anything else) changed it in place since
+            if self.policy.stats:
+                self._grad_seen[id(p)] = (weakref.ref(g), g._version, self._begin(g))
+            else:
+                self._grad_seen[id(p)] = (weakref.ref(g), g._version, torch.linalg.vector_norm(g.detach(), dtype=torch.float64))
 
     def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
         if self._t0 is None:
@@ -559,24 +571,22 @@ class TorchRecorder:
         t0 = time.perf_counter()
         self._optimizers.add(opt)
         missing: list[str] = []
-        sq: list[torch.Tensor] = []
         have = 0
         with torch.no_grad():
             for g, group in enumerate(opt.param_groups):
                 for i, p in enumerate(group["params"]):
                     name = self._param_name(p, g, i)
-                    if p.grad is None:
+                    grad = p.grad
+                    if grad is None:
                         missing.append(name)
                         continue
                     have += 1
-                    grad = p.grad.detach()
-                    self._add("grad", name, grad)
-                    n = self._grad_norms.get(id(p))
-                    if n is None and not grad.is_sparse:
-                        n = torch.linalg.vector_norm(grad, dtype=torch.float64)
-                    if n is not None:
-                        sq.append(n.to(sq[0].device) ** 2 if sq else n**2)
-            self._scalars["grad_norm_pending"] = torch.stack(sq).sum().sqrt() if sq else None
+                    now = self._add("grad", name, grad)  # a cache hit when the hook saw it unchanged
+                    seen = self._grad_seen.get(id(p))
+                    if seen is not None and seen[0]() is grad:
+                        self._pre_clip.append(seen[2])
+                    elif now is not None:
+                        self._pre_clip.append(now if self.policy.stats else torch.linalg.vector_norm(grad, dtype=torch.float64))
         self._scalars["no_grad_params"] = missing
         self._scalars["grad_params"] = have
         self._scalars["no_gradients"] = have == 0
@@ -632,6 +642,17 @@ class TorchRecorder:
             )
             records.append((e, rec))
         records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
+        sq = 0.0
+        for q in self._pre_clip:
+            if isinstance(q, torch.Tensor):
+                sq += float(q) ** 2
+                continue
+            if id(q) not in done_pending:
+                done_pending[id(q)] = fpt.finish(q)
+            st = done_pending[id(q)][1]
+            sq += stat_value(st["norm"]) ** 2 if st else 0.0
+        if self._pre_clip:
+            self._scalars["grad_norm"] = _json_float(math.sqrt(sq))
 
         scalars = self._step_scalars(records)
         first_bad = None
@@ -689,9 +710,6 @@ class TorchRecorder:
         losses = [r for _, r in records if r.kind == "loss"]
         if losses and losses[0].stats is not None and len(losses[0].shape) == 0:
             s["loss"] = losses[0].stats["mean"]
-        gp = self._scalars.pop("grad_norm_pending", None)
-        if gp is not None:
-            s["grad_norm"] = _json_float(float(gp))
         if self.policy.stats:
             norms = [r.stat("norm") for _, r in records if r.kind == "grad"]
             if norms and all(n is not None for n in norms):

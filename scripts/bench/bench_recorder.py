@@ -1,0 +1,143 @@
+"""Step time of the PyTorch recorder vs plain training, with detect_anomaly as the peer.
+
+    python scripts/bench/bench_recorder.py [--rounds 5] [--steps 6] [--quick] [--json]
+
+In one process, after warm-up, on the example MLP (4 x 1024, batch 256) and transformer
+(4 layers, d 256, seq 128): each round runs ``--steps`` training steps in each mode,
+interleaved so that machine noise hits every mode alike; the figure per mode is the
+median step time, and ratios are against plain in the same run. Modes:
+
+- ``plain``: the training step as the example runs it;
+- ``record``: the launcher's recorder (fingerprint + stats of every tensor every step:
+  batch, inputs, each module output, loss, grads, params, optimizer state), writing a
+  real trace to a temp folder;
+- ``anomaly``: the same step under ``torch.autograd.detect_anomaly()``.
+
+Targets (issue 3): record <= 1.10x plain on the transformer, <= 1.25x on the MLP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import mlp as mlp_example  # noqa: E402
+import transformer as tf_example  # noqa: E402
+
+from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
+from reprobisect.trace.writer import TraceWriter  # noqa: E402
+
+TARGETS = {"transformer": 1.10, "mlp": 1.25}
+
+
+def _cycle(loader):
+    while True:
+        yield from loader
+
+
+def build(name: str, quick: bool):
+    if name == "mlp":
+        a = mlp_example.parse(["--features", "1024", "--hidden", "1024", "--layers", "4", "--batch-size", "256",
+                               "--samples", "2048", "--dropout", "0.1"] + (["--hidden", "256"] if quick else []))
+        model, opt, loader, loss_fn = mlp_example.build(a)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+    else:
+        a = tf_example.parse(["--layers", "4", "--d-model", "256", "--seq", "128", "--batch-size", "16",
+                              "--vocab", "256", "--samples", "256"] + (["--layers", "1"] if quick else []))
+        model, opt, sched, loader = tf_example.build(a)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss_fn(model(x).reshape(-1, a.vocab), y.reshape(-1)).backward()
+            opt.step()
+            sched.step()
+
+    return step, _cycle(loader)
+
+
+def run_steps(step, data, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        x, y = next(data)
+        step(x, y)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
+    step, data = build(name, quick)
+    run_steps(step, data, 3)  # warm-up
+    times: dict[str, list[float]] = {"plain": [], "record": [], "anomaly": []}
+    for r in range(rounds):
+        for mode in times:
+            if mode == "record":
+                writer = TraceWriter(tmp / f"{name}-{r}", command=["bench"], policy={})
+                rec = TorchRecorder(writer, RecordPolicy(steps=10**9)).install()
+                run_steps(step, data, 1)  # the recorder's first step learns names and hooks
+                try:
+                    times[mode] += run_steps(step, data, steps)
+                finally:
+                    rec.remove()
+                    writer.close()
+            elif mode == "anomaly":
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    times[mode] += run_steps(step, data, steps)
+            else:
+                times[mode] += run_steps(step, data, steps)
+    med = {m: statistics.median(v) for m, v in times.items()}
+    return {
+        "model": name,
+        "median_step_s": {m: round(v, 5) for m, v in med.items()},
+        "ratio": {m: round(v / med["plain"], 3) for m, v in med.items()},
+        "target": TARGETS[name],
+        "meets_target": med["record"] / med["plain"] <= TARGETS[name],
+        "samples_per_mode": len(times["plain"]),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=6, help="steps per mode per round")
+    p.add_argument("--quick", action="store_true", help="smaller models (a smoke run, not the figures)")
+    p.add_argument("--models", default="transformer,mlp")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*Anomaly Detection.*")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            results.append(bench(name, args.rounds, args.steps, args.quick, Path(tmp)))
+    if args.json:
+        print(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=1))
+        return 0
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {results[0]['samples_per_mode']} steps per mode")
+    print(f"{'model':<12}{'plain ms':>10}{'record ms':>11}{'anomaly ms':>12}{'record x':>10}{'anomaly x':>11}  target")
+    for r in results:
+        m, x = r["median_step_s"], r["ratio"]
+        ok = "ok" if r["meets_target"] else "MISSED"
+        print(f"{r['model']:<12}{m['plain'] * 1e3:>10.1f}{m['record'] * 1e3:>11.1f}{m['anomaly'] * 1e3:>12.1f}"
+              f"{x['record']:>10.3f}{x['anomaly']:>11.3f}  <= {r['target']:.2f} {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
