@@ -454,12 +454,14 @@ def _from_stats(ra: Record, rb: Record, rule: tuple[float, float] | None) -> Ten
     # min, max and mean move by at most bound and the norm by at most sqrt(n)*bound.
     mn, mx = rb.stat("min"), rb.stat("max")
     if mn is not None and mx is not None and math.isfinite(mn) and math.isfinite(mx):
-        bound = atol + rtol * max(abs(mn), abs(mx))
-        slack = 1 + 1e-9
-        limits = {"min": bound, "max": bound, "mean": bound, "norm": math.sqrt(total) * bound}
+        big = max(abs(mn), abs(mx))
+        bound = atol + rtol * big
+        # stats are float64 reductions: allow their rounding (relative to the largest element)
+        eps = 1e-9 * big
+        limits = {"min": bound, "max": bound, "mean": bound + eps, "norm": math.sqrt(total) * (bound + eps)}
         for k, lim in limits.items():
             d = deltas.get(k)
-            if d is not None and math.isfinite(d) and d > lim * slack + 1e-300:
+            if d is not None and math.isfinite(d) and d > lim * (1 + 1e-9) + 1e-300:
                 return TensorDiff(
                     "diverged", "stats",
                     detail=f"{k} moved by {d:.3g}, more than any within-tolerance change allows ({lim:.3g})",

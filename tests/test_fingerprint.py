@@ -235,3 +235,19 @@ def test_compiled_path_gives_the_same_values():
             pytest.skip("torch.compile is not usable here (no C++ compiler?); the eager path was used")
     finally:
         ft.enable_compile(None)
+
+
+@pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[2], PAIRS[4], PAIRS[8]], ids=_id)
+def test_blocked_torch_stats_match_numpy(tdtype, ndtype):
+    """Large CPU tensors take the blocked float64 path; same figures as NumPy's float64 stats."""
+    n = 3 * ft._STATS_BLOCK + 11
+    t = _torch_tensor(tdtype, (n,), seed=4)
+    _, s = ft.fingerprint_and_stats(t)
+    want = stats(_to_numpy(t, ndtype))
+    for k in ("norm", "min", "max", "mean"):
+        assert s[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
+    if tdtype.is_floating_point:
+        u = t.clone()
+        u[5], u[-1], u[ft._STATS_BLOCK] = float("nan"), float("inf"), float("-inf")
+        _, su = ft.fingerprint_and_stats(u)
+        assert (su["nan"], su["inf"], su["mean"]) == (1, 2, "nan")

@@ -145,6 +145,9 @@ class Pending:
     numel: int
 
 
+_STATS_BLOCK = 1 << 15  # elements: a 256 KiB float64 scratch, at ATen's grain size (no fork per block)
+
+
 def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     t = t.detach()
     if t.numel() == 0:
@@ -154,6 +157,11 @@ def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     x = t.reshape(-1)
+    if x.device.type == "cpu" and x.dtype != torch.float64 and x.numel() > _STATS_BLOCK:
+        # Widening the whole tensor to float64 (what sum(dtype=float64) does) allocates and
+        # converts out of cache, ~10x slower than this: widen one cache-sized block at a
+        # time into a reused scratch and reduce it there (still float64 accumulation).
+        return _stats_blocked(x)
     if x.dtype.is_floating_point and x.dtype != torch.float64:
         s = torch.sum(x, dtype=torch.float64)
         sq = torch.linalg.vector_norm(x, dtype=torch.float64)
@@ -163,6 +171,24 @@ def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         sq = torch.linalg.vector_norm(x)
     mn, mx = torch.aminmax(x)
     return torch.stack([s, sq, mn.to(torch.float64), mx.to(torch.float64)])
+
+
+def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
+    n = x.numel()
+    nblocks = -(-n // _STATS_BLOCK)
+    buf = torch.empty(_STATS_BLOCK, dtype=torch.float64)
+    parts = torch.empty(2, nblocks, dtype=torch.float64)
+    for j, i in enumerate(range(0, n, _STATS_BLOCK)):
+        blk = x[i : i + _STATS_BLOCK]
+        b = buf[: blk.numel()]
+        b.copy_(blk)
+        torch.sum(b, 0, out=parts[0, j])
+        torch.dot(b, b, out=parts[1, j])
+    if x.dtype.is_floating_point:
+        mn, mx = torch.aminmax(x)
+    else:
+        mn, mx = x.min(), x.max()
+    return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
 def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
