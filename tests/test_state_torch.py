@@ -247,3 +247,104 @@ def test_tampered_state_is_refused(tmp_path):
     f.write_bytes(bytes(data))
     with pytest.raises(TraceError, match="modified after it was sealed"):
         load_state(tmp_path / "t", 0)
+
+
+RESUMABLE = textwrap.dedent(
+    '''
+    import os, random
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    resume = os.environ.get("RESUME_FROM")
+    seed = 99 if resume else 0  # the resumed run starts from other weights: only restore fixes them
+    torch.manual_seed(seed); random.seed(seed); np.random.seed(seed)
+    data = torch.Generator().manual_seed(123)
+    ds = TensorDataset(torch.randn(20, 8, generator=data), torch.randn(20, 1, generator=data))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    loader = DataLoader(ds, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(7))
+    if resume:
+        import reprobisect.torch as rt
+        rt.restore_state(resume, int(os.environ["RESUME_STEP"]),
+                         {"model": model, "optimizer": opt, "scheduler": sched, "scaler": scaler}, loader=loader)
+    while True:
+        for x, y in loader:
+            noise = torch.randn(()) * random.random() * float(np.random.rand()) * 1e-2
+            loss = ((model(x) - y) ** 2).mean() + noise
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+    '''
+)
+
+
+@pytest.mark.slow
+def test_launcher_state_capture_resumes_into_a_bitwise_identical_trace(tmp_path):
+    """Issue 3 item 3 end to end: capture at step 2 under the launcher (6 steps), resume in a
+    fresh process from that state, and the resumed trace equals steps 3-5 record by record."""
+    import os
+
+    (tmp_path / "train.py").write_text(RESUMABLE)
+
+    def launch(trace, steps, extra_args=(), env=None):
+        r = subprocess.run([PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", str(steps),
+                            *extra_args, "--", "train.py"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **(env or {})})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return read_trace(trace)
+
+    full = launch(tmp_path / "full.trace", 6, ["--state-steps", "2"])
+    assert sorted(load_state(full, 2)) == ["data", "model", "optimizer", "rng", "scaler", "scheduler"]
+    resumed = launch(tmp_path / "resumed.trace", 3, env={"RESUME_FROM": str(full.path), "RESUME_STEP": "2"})
+    for k in range(3):
+        a, b = full.step(3 + k), resumed.step(k)
+        assert a.batch_ids == b.batch_ids, f"step {3 + k}: other batch"
+        fa = [(r.kind, r.name, r.fingerprint) for r in a.records]
+        fb = [(r.kind, r.name, r.fingerprint) for r in b.records]
+        assert len(fa) > 20 and fa == fb, f"step {3 + k}: records differ"
+        assert a.scalars["lr"] == b.scalars["lr"] and a.scalars["scaler_scale"] == b.scalars["scaler_scale"]
+
+
+def test_capture_from_inside_optimizer_step_waits_for_the_iteration_boundary(tmp_path):
+    """A step hook sees the state before scheduler.step(): the capture waits for the next batch."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=1)
+    torch_state.track_data_order()  # the launcher installs it before the script runs
+    folder = tmp_path / "t" / "state" / "step-0"
+    with TraceWriter(tmp_path / "t") as w:
+        seen = {}
+
+        def hook(o, args, kwargs):
+            if not seen:
+                seen["at"] = True
+                capture_state(w, 0, {"optimizer": opt, "scheduler": sched}, loader=loader)
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(hook)
+        try:
+            it = iter(loader)
+            (x,) = next(it)
+            model(x).sum().backward()
+            opt.step()
+            assert not folder.exists()  # deferred: still inside the iteration
+            sched.step()
+            next(it)  # the next batch: the capture happens before it is fetched
+            assert folder.is_dir()
+        finally:
+            handle.remove()
+        capture_state(w, 1, {"scheduler": sched}, when="now")
+        assert (tmp_path / "t" / "state" / "step-1").is_dir()
+    st = load_state(tmp_path / "t", 0)
+    assert st["optimizer"]["param_groups"][0]["lr"] == 0.5 and st["scheduler"]["last_epoch"] == 1
+    assert st["data"]["position"]["batches"] == 1

@@ -255,16 +255,54 @@ def restore_rng(state: Mapping[str, Any], loader: Any = None) -> None:
 _ORIGINAL_ITER = None
 
 
+class _SkipSampler:
+    """Stands in for a loader's (batch) sampler while a resumed iterator is created.
+
+    Its first iteration advances the real sampler past the batches already consumed —
+    indices only, nothing is loaded — and then calls ``on_done`` (which puts the RNGs
+    back to their captured values, after the sampler made its epoch-start draws).
+    Lazy like a generator, so it draws exactly when the real sampler would.
+    """
+
+    def __init__(self, inner: Any, skip: int, on_done: Any) -> None:
+        self.inner, self.skip, self.on_done, self.pending = inner, skip, on_done, True
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __iter__(self):
+        it = iter(self.inner)
+        if self.pending:
+            self.pending = False
+            buf = []
+            try:
+                for _ in range(self.skip):
+                    next(it)
+                if self.skip == 0:
+                    buf.append(next(it))  # make the epoch-start draws happen now
+            except StopIteration:
+                pass
+            finally:
+                self.on_done()
+            yield from buf
+        yield from it
+
+
 def track_data_order() -> None:
     """Make every ``DataLoader`` remember where its epoch started (idempotent).
 
     Wraps ``DataLoader.__iter__`` so that each new iterator notes the epoch number and
     the RNG states it started from; ``capture_state`` reads them, ``restore_state`` arms
-    the loader to replay the epoch start and skip the batches already consumed.
+    the loader so that its next iterator replays the epoch's start and skips the batches
+    already consumed (by advancing the sampler's indices: skipped batches are not
+    loaded, and observers of the loader see only the batches training gets).
     It only reads RNG states: it never changes what the loader yields.
     """
     global _ORIGINAL_ITER
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, IterableDataset
 
     if _ORIGINAL_ITER is not None:
         return
@@ -274,29 +312,50 @@ def track_data_order() -> None:
     def __iter__(self):  # noqa: N807 - replaces DataLoader.__iter__
         d = self.__dict__
         resume = d.pop("_reprobisect_resume", None)
-        if resume is not None:
-            now = _rng_now(self, cuda=False)
+        offset = 0
+        if resume is not None and not isinstance(getattr(self, "dataset", None), IterableDataset):
+            # The loader's own generators replay the epoch from its start (their later
+            # draws, e.g. a sampler's at the end of the epoch, then happen again as they
+            # did); shared sources (torch, python, numpy) go back to their captured values
+            # once the sampler has made its epoch-start draws.
+            now = {k: v for k, v in _rng_now(self, cuda=False).items() if not k.startswith("loader.")}
             restore_rng(resume["start"], self)
-            start = resume["start"]
-            epoch = resume["epoch"]
+            start, epoch, offset = resume["start"], resume["epoch"], int(resume["skip"])
+            key = "batch_sampler" if getattr(self, "_auto_collation", True) else "sampler"
+            real = d[key]
+            d[key] = _SkipSampler(real, offset, lambda: restore_rng(now, self))
+            try:
+                it = original(self)
+            finally:
+                d[key] = real
         else:
             start = _rng_now(self, cuda=False)
             epoch = d.get("_reprobisect_epoch", -1) + 1
-        it = original(self)
+            it = original(self)
         d["_reprobisect_epoch"] = epoch
         d["_reprobisect_start"] = start
+        d["_reprobisect_offset"] = offset
         try:
             d["_reprobisect_iter"] = weakref.ref(it)
         except TypeError:
             d["_reprobisect_iter"] = lambda it=it: it
-        if resume is not None:
-            for _ in range(resume["skip"]):
-                next(it)
-            restore_rng(now, self)
         return it
 
     __iter__.__wrapped__ = original  # type: ignore[attr-defined]
     DataLoader.__iter__ = __iter__
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original_next = _BaseDataLoaderIter.__next__
+
+    def __next__(self):  # noqa: N807 - runs deferred state captures before the fetch
+        if _NEXT_BATCH:
+            for fn in list(_NEXT_BATCH):
+                fn()
+        return original_next(self)
+
+    __next__.__wrapped__ = original_next  # type: ignore[attr-defined]
+    _BaseDataLoaderIter.__next__ = __next__
 
 
 def _data_position(loader: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -321,7 +380,7 @@ def _data_position(loader: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         return meta, None
     meta.update(
         epoch=d["_reprobisect_epoch"],
-        batches=int(getattr(it, "_num_yielded", 0)),
+        batches=int(getattr(it, "_num_yielded", 0)) + int(d.get("_reprobisect_offset", 0)),
         base_seed=getattr(it, "_base_seed", None),
         exact=True,
     )
@@ -342,17 +401,36 @@ def _arm_loader(loader: Any, meta: Mapping[str, Any], start: Mapping[str, Any] |
 
 # -- capture / load / restore -----------------------------------------------------------
 
-def capture_state(writer: Any, step: int, objects: Mapping[str, Any], loader: Any = None) -> None:
+def capture_state(writer: Any, step: int, objects: Mapping[str, Any], loader: Any = None, *, when: str = "auto") -> None:
     """Write the state of every Stateful object, the RNGs and the data position at ``step``.
 
-    ``writer`` is a ``TraceWriter``; the state is the one after step ``step``'s update.
-    Names must be file-safe and not ``rng``/``data``; non-Stateful objects are skipped.
+    ``writer`` is a ``TraceWriter``; the state is the one after step ``step``'s update,
+    at the iteration boundary (what step ``step + 1`` starts from). Names must be
+    file-safe and not ``rng``/``data``; non-Stateful objects are skipped.
+
+    ``when``: ``"now"`` captures immediately. ``"auto"`` (default) does too, except when
+    called from inside ``optimizer.step()`` (a step hook, as the per-step recorder does):
+    there the rest of the iteration (``scheduler.step()``, ``scaler.update()``) has not
+    run yet, so the capture waits for the start of the next iteration — the next batch
+    any DataLoader hands out (before it is fetched), or else the next module forward —
+    and at the latest happens when the writer is closed (a run stopped right after the
+    step: then the state is the one inside the step). Without a DataLoader, data drawn
+    from an RNG before the first forward is already consumed in the captured RNG state.
     """
     for name, obj in objects.items():
         if name in _RESERVED or not _NAME.match(name):
             raise UsageError(
                 f"state object name '{name}' is not usable; use letters, digits, '_', '-', '.' and not {', '.join(_RESERVED)}"
             )
+    if when not in ("auto", "now"):
+        raise UsageError(f"capture_state(when={when!r}): use 'auto' or 'now'")
+    if when == "auto" and _inside_optimizer_step():
+        _defer(lambda: _capture_now(writer, step, objects, loader), writer)
+        return
+    _capture_now(writer, step, objects, loader)
+
+
+def _capture_now(writer: Any, step: int, objects: Mapping[str, Any], loader: Any) -> None:
     captured = []
     for name, obj in objects.items():
         if not isinstance(obj, Stateful):
@@ -369,6 +447,52 @@ def capture_state(writer: Any, step: int, objects: Mapping[str, Any], loader: An
         tensors = {}
         start_json = encode_state(start, tensors, "start") if start is not None else None
         writer.write_state(step, "data", tensors, {"position": meta, "start": start_json})
+
+
+_NEXT_BATCH: list[Any] = []  # one-shot callbacks run before a DataLoader iterator fetches a batch
+
+
+def _inside_optimizer_step() -> bool:
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.replace("\\", "/").endswith("torch/optim/optimizer.py"):
+            return True
+        f = f.f_back
+    return False
+
+
+def _defer(fn: Any, writer: Any) -> None:
+    """Run ``fn`` once, at the next iteration's start (batch fetch or forward) or on close."""
+    from torch.nn.modules import module as nn_module
+
+    track_data_order()
+    fired = [False]
+    handle: list[Any] = []
+    close = writer.close
+
+    def fire(*_: Any, **__: Any) -> None:
+        if fired[0]:
+            return
+        fired[0] = True
+        for h in handle:
+            h.remove()
+        if fire in _NEXT_BATCH:
+            _NEXT_BATCH.remove(fire)
+        if writer.__dict__.get("close") is closing:
+            del writer.__dict__["close"]
+        fn()
+
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            fire()
+        except BaseException:
+            close(*args, **kwargs)  # the trace is sealed all the same
+            raise
+        return close(*args, **kwargs)
+
+    handle.append(nn_module.register_module_forward_pre_hook(fire))
+    _NEXT_BATCH.append(fire)
+    writer.close = closing
 
 
 def _state_folder(trace_or_path: Any, step: int) -> tuple[Path, dict[str, Any]]:
