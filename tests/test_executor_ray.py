@@ -77,7 +77,7 @@ def _make_runner():
                 a = np.full((4096,), value + step, dtype=np.float32)
                 w.record(record_array("w", "param", a), a if step in spec.full_steps else None)
                 w.end_step({"loss": value})
-        info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "t0": t0, "t1": _time.time()}
+        info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "side": _os.environ.get("RB_SIDE"), "t0": t0, "t1": _time.time()}
         return ProbeResult(spec=spec, outcome=Outcome("ok"), trace_dir=str(trace_dir), stdout_tail=_json.dumps(info))
 
     return runner
@@ -228,9 +228,11 @@ def test_pairs_pack_on_one_node_and_spread_on_two(cluster, tmp_path):
         assert ra.outcome.status == rb.outcome.status == "ok"
         assert ra.node_id != rb.node_id and ra.placement == rb.placement == "spread"
     with RayExecutor(runner=RUNNER, cpus_per_probe=0.5, placement_timeout=30) as ex:
-        a, b = ex.submit_pair(_spec("qa", workdir=work), _spec("qb", workdir=work), placement="pack")
+        envs = ({"env_vars": {"RB_SIDE": "a"}}, {"env_vars": {"RB_SIDE": "b"}})
+        a, b = ex.submit_pair(_spec("qa", workdir=work), _spec("qb", workdir=work), placement="pack", runtime_envs=envs)
         ra, rb = a.result(timeout=120), b.result(timeout=120)
         assert ra.outcome.status == rb.outcome.status == "ok"
+        assert (_info(ra)["side"], _info(rb)["side"]) == ("a", "b")  # each side its own runtime_env
         assert ra.node_id == rb.node_id and ra.device_type == rb.device_type == "cpu"
         assert json.loads((Path(ra.trace_dir) / "ray.json").read_text())["placement"] == "pack"
 
@@ -395,8 +397,8 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
     git("init", "-q")
     commits = []
-    for i in range(4):
-        (repo / "train.py").write_text(_TRAIN.format(scale="1.5" if i >= 2 else "1.0") + f"# edit {i}\n")
+    for i in range(3):  # good, culprit, bad: the smallest history with one commit to search
+        (repo / "train.py").write_text(_TRAIN.format(scale="1.5" if i >= 1 else "1.0") + f"# edit {i}\n")
         git("add", "-A")
         git("commit", "-q", "-m", f"c{i}")
         commits.append(git("rev-parse", "HEAD").stdout.strip())
@@ -410,7 +412,7 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
                              cwd=str(repo), cache_dir=str(tmp_path / f"runs-{name}"), recheck=False,
                              options=ProbeOptions(steps=2, quiet=True))
             answers[name] = find_first_bad(cfg, executor=ex)
-    assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[2]
+    assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[1]
 
 
 def test_local_instance_started_and_shut_down(tmp_path):

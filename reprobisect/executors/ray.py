@@ -781,7 +781,11 @@ class RayExecutor:
         need = {"CPU": self.cpus_per_probe, "GPU": self.gpus_per_probe, **self.resources}
         asked = ", ".join(f"{v:g} {k}" for k, v in need.items() if v > 0)
         where = "one node" if job.placement == "pack" else "two different nodes"
-        fix = "use --placement spread or fewer resources per probe" if job.placement == "pack" else "use --placement pack or add nodes"
+        fix = (
+            "pair them with placement 'spread', or ask for fewer resources per probe"
+            if job.placement == "pack"
+            else "pair them with placement 'pack', or add nodes"
+        )
         return (
             f"cannot place the pair '{job.specs[0].key}' / '{job.specs[1].key}' ({job.placement}: "
             f"{PLACEMENTS[job.placement]}, 2 x [{asked}] on {where}) within {self.placement_timeout:g} s; "
