@@ -275,3 +275,42 @@ def test_explicit_api_records_and_restores_hooks(tmp_path: Path) -> None:
 
     assert not nn_module._global_forward_hooks, "record() left global hooks behind"
     assert torch.autograd.backward.__module__ == "torch.autograd"
+
+
+def test_state_captured_by_the_launcher_resumes_bitwise(tmp_path: Path) -> None:
+    """Launcher run of 4 steps with --state-steps 1; a fresh build restored from it replays steps 2-3."""
+    import torch
+
+    import reprobisect.torch as rt
+
+    argv = ["--layers", "1", "--samples", "64", "--seed", "4"]  # 4 batches an epoch: step 3 starts a new one
+    a = record([str(EXAMPLES / "transformer.py"), *argv], tmp_path / "a", "--state-steps", "1", steps=4)
+    state = rt.load_state(a, 1)
+    assert {"model", "optimizer", "scheduler", "rng", "data"} <= set(state)
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import transformer as ex
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    args = ex.parse(argv)
+    model, opt, sched, loader = ex.build(args)
+    rt.restore_state(a, 1, {"model": model, "optimizer": opt, "scheduler": sched}, loader=loader)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with rt.record(model, opt, loader, trace=tmp_path / "b", steps=2):
+        done = 0
+        while done < 2:
+            for x, y in loader:
+                opt.zero_grad()
+                loss_fn(model(x).reshape(-1, args.vocab), y.reshape(-1)).backward()
+                opt.step()
+                sched.step()
+                done += 1
+                if done == 2:
+                    break
+    ta, tb = read_trace(a), read_trace(tmp_path / "b")
+    for k in (0, 1):
+        ra = [(r.kind, r.name, r.fingerprint) for r in ta.steps[2 + k].records]
+        rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records]
+        assert ra == rb, f"resumed step {2 + k} differs"
+    assert ta.steps[3].batch_ids == tb.steps[1].batch_ids
