@@ -182,6 +182,18 @@ def test_commit_shipped_as_archive_and_checked(cluster, history, tmp_path):
         assert f"stale code: the worker ran {commits[2]}, not {commits[9]}" in stale.outcome.detail
 
 
+def test_code_that_cannot_be_shipped_is_reported_on_its_probe(cluster, history, tmp_path):
+    repo, _ = history
+    big = _folder(tmp_path, "big", value="1.0" + " " * 4000)
+    with RayExecutor(runner=RUNNER, max_ship_bytes=1024) as ex:
+        with pytest.raises(UsageError, match=r"holds more than 0.0009765\d* MiB to ship to the Ray workers.*shared_fs=True"):
+            ex.submit(_spec("big", workdir=big)).result(timeout=60)
+        with pytest.raises(UsageError, match="f" * 12):
+            ex.submit(_spec("nope", repo, "f" * 40)).result(timeout=60)
+        # the executor is still usable afterwards
+        assert ex.submit(_spec("fine", workdir=_folder(tmp_path, "ok"))).result(timeout=120).outcome.status == "ok"
+
+
 def test_gpu_probes_land_on_the_gpu_node_one_process_each(cluster, tmp_path):
     work = _folder(tmp_path, "w")
     with RayExecutor(runner=RUNNER, gpus_per_probe=1) as ex:

@@ -180,8 +180,8 @@ def _tar_folder(folder: Path, limit: int) -> bytes:
                 continue
             total += p.stat().st_size
             if total > limit:
-                raise ProbeError(
-                    f"'{folder}' holds more than {limit >> 20} MiB to ship to the Ray workers; "
+                raise UsageError(
+                    f"'{folder}' holds more than {limit / 2**20:g} MiB to ship to the Ray workers; "
                     "probe a commit instead (it ships as a git archive) or pass shared_fs=True "
                     "when every node sees this folder"
                 )
@@ -678,9 +678,14 @@ class RayExecutor:
             return
         try:
             payload = self._payload(spec)
-        except ReproError as e:
-            fut.set_exception(e)
+        except Exception as e:  # the code could not be shipped: say so on this probe, never hang it
+            if isinstance(e, ProbeError):  # e.g. git archive failed: like a failed worktree, infra
+                fut.set_result(RayProbeResult(spec=spec, outcome=Outcome("infra", detail=str(e)), placement=job.placement))
+            else:
+                fut.set_exception(e if isinstance(e, ReproError) else ProbeError(f"cannot ship probe '{spec.key}': {_first_line(e)}"))
             job.pending -= 1
+            if job.pending <= 0:
+                self._release(job)
             return
         opts: dict[str, Any] = {
             "num_cpus": self.cpus_per_probe,
