@@ -566,8 +566,10 @@ class Comparison:
     records_compared: int
     first: Divergence | None
     next: tuple[Divergence, ...] = ()
+    divergences: int = 0  # records that do not agree, in all compared steps
     per_step: tuple[StepSummary, ...] = ()
     structure: str = ""
+    note: str = ""  # e.g. an incomplete side holding fewer steps: said, but not a divergence
     tensors_read: int = 0
     bytes_read: int = 0
     status_a: str = "complete"
@@ -598,9 +600,11 @@ class Comparison:
             "environment": [d.to_json() for d in self.env],
             "steps": {"a": list(self.steps_a), "b": list(self.steps_b), "compared": self.steps_compared},
             "structure": self.structure or None,
+            "note": self.note or None,
             "records_compared": self.records_compared,
             "first": self.first.to_json() if self.first is not None else None,
             "next": [d.to_json() for d in self.next],
+            "divergences": self.divergences,
             "per_step": [s.to_json() for s in self.per_step],
             "tensors_read": self.tensors_read,
             "bytes_read": self.bytes_read,
@@ -672,29 +676,46 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
     common = sorted(set(steps_a) & set(steps_b))
     only_a = sorted(set(steps_a) - set(steps_b))
     only_b = sorted(set(steps_b) - set(steps_a))
-    structure = ""
+    structure = note = ""
     if only_a or only_b:
         parts = [f"A has {len(steps_a)} step(s), B has {len(steps_b)}"]
         if only_a:
             parts.append(f"steps {_ranges(only_a)} only in A")
         if only_b:
             parts.append(f"steps {_ranges(only_b)} only in B")
-        structure = "; ".join(parts)
+        last = max(common) if common else -1
+        short = "B" if only_a else "A"
+        short_trace = b if only_a else a
+        if not (only_a and only_b) and min(only_a or only_b) > last and not short_trace.complete:
+            # the shorter side was stopped early (read with allow_incomplete): its steps are a
+            # prefix of the other's, so the common steps are all there is to compare
+            note = "; ".join(parts) + f" (trace {short} is {short_trace.manifest.status}: compared steps both hold)"
+        else:
+            structure = "; ".join(parts)
 
-    divergences: list[Divergence] = []
+    divergences: list[Divergence] = []  # the first 1 + _MAX_NEXT only
+    counted = 0
+
+    def keep(d: Divergence) -> None:
+        nonlocal counted
+        counted += 1
+        if len(divergences) <= _MAX_NEXT:
+            divergences.append(d)
+
     summaries: list[StepSummary] = []
     n_records = 0
-    diverged_modules: list[str] = []
+    by_a = {s.step: s for s in a.steps}
+    by_b = {s.step: s for s in b.steps}
     for k in common:
-        sa, sb = a.step(k), b.step(k)
-        assert sa is not None and sb is not None
+        sa, sb = by_a[k], by_b[k]
         ident = close = differ = 0
         step_max: float | None = None
+        diverged_modules: list[str] = []  # containers of these, later in the step, only pass it on
         bd = _batch_diff(sa, sb)
         if bd is not None:
             differ += 1
-            divergences.append(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, origin=not divergences,
-                                          localization="first" if not divergences else "propagation"))
+            keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, origin=not divergences,
+                            localization="first" if not divergences else "propagation"))
         for ra, rb in _pair_records(sa, sb):
             n_records += 1
             if ra is None or rb is None:
@@ -703,13 +724,13 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
                 side = "a" if ra is not None else "b"
                 diff = TensorDiff("missing", "structure", detail=f"only in {side.upper()}")
                 differ += 1
-                divergences.append(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, origin=not divergences,
-                                              localization="first" if not divergences else "propagation",
-                                              only_in=side, order=r.order))
+                keep(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, origin=not divergences,
+                                localization="first" if not divergences else "propagation",
+                                only_in=side, order=r.order))
                 continue
             # Value tolerances need the tensors to tell close from diverged; bitwise only
             # reads them to size the first few divergences.
-            measure = len(divergences) <= _MAX_NEXT or tolerance.rule(ra.kind, ra.name, ra.dtype) is not None
+            measure = counted <= _MAX_NEXT or tolerance.rule(ra.kind, ra.name, ra.dtype) is not None
             diff = compare_records(a if measure else None, b if measure else None, k, ra, rb, tolerance)
             if diff.verdict == "identical":
                 ident += 1
@@ -723,8 +744,8 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
             loc = _localize(ra, rb, bool(divergences), diverged_modules)
             if ra.kind == "activation":
                 diverged_modules.append(ra.name)
-            divergences.append(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
-                                          origin=loc in ("origin", "first"), localization=loc, order=ra.order))
+            keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
+                            origin=loc in ("origin", "first"), localization=loc, order=ra.order))
         summaries.append(StepSummary(k, len(sa.records), ident, close, differ, step_max))
 
     first = divergences[0] if divergences else None
@@ -734,7 +755,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         first = Divergence(k, "step", f"step {k}", "missing",
                            TensorDiff("missing", "structure", detail=structure), origin=True,
                            localization="first", only_in=side)
-    nxt = tuple(divergences[1 : 1 + _MAX_NEXT])
+    nxt = tuple(divergences[1:])
     return Comparison(
         a=str(a.path),
         b=str(b.path),
@@ -747,8 +768,10 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         records_compared=n_records,
         first=first,
         next=nxt,
+        divergences=counted,
         per_step=tuple(summaries),
         structure=structure,
+        note=note,
         tensors_read=a.tensors_read + b.tensors_read - reads0[0],
         bytes_read=a.bytes_read + b.bytes_read - reads0[1],
         status_a=a.manifest.status,

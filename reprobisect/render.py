@@ -115,6 +115,8 @@ def render_comparison(c: Comparison) -> str:
     lines.append(f"compared {c.steps_compared} step(s), {c.records_compared} record(s){read}")
     if c.structure:
         lines.append(f"structure: {c.structure}")
+    if c.note:
+        lines.append(f"note: {c.note}")
     if c.first is None:
         lines.append("verdict: AGREE" if c else "verdict: DIVERGED (structure)")
         closes = sum(s.close for s in c.per_step)

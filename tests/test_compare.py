@@ -86,6 +86,7 @@ def test_one_gradient_at_step_3_is_named(tmp_path, store):
     assert (d.step, d.kind, d.name, d.verdict) == (3, "grad", "fc1.weight", "diverged")
     assert d.origin and d.localization == "first"
     assert c.per_step[3].differ == 1 and all(s.differ == 0 for s in c.per_step if s.step != 3)
+    assert c.divergences == 1
     if store:
         assert d.diff.source == "tensors"
         assert d.diff.mismatched == 1 and d.diff.total == 128 and d.diff.first_index == (2, 3)
@@ -120,6 +121,7 @@ def test_auto_tolerance_is_bitwise_in_the_same_environment(tmp_path):
     assert tol.mode == "bitwise" and "share device and environment" in why
     c = compare_traces(ta, tb)
     assert not c and c.first.name == "act" and c.first.diff.max_ulp is not None and c.first.diff.max_ulp >= 1
+    assert c.divergences == 1 and c.next == ()
 
 
 def test_auto_tolerance_is_default_across_devices(tmp_path):
@@ -463,6 +465,12 @@ def test_cli_allow_incomplete(tmp_path, capsys):
     assert code == 2 and "incomplete" in err
     code, out, _ = _run(capsys, a, tmp_path / "inc", "--allow-incomplete")
     assert code == 0 and "(incomplete, 2 steps)" in out
+    # a longer complete run against the stopped one: the common steps are compared, the rest is said
+    longer = build(tmp_path / "longer", steps=4)
+    code, out, _ = _run(capsys, longer, tmp_path / "inc", "--allow-incomplete")
+    assert code == 0 and "note: A has 4 step(s), B has 2; steps 2-3 only in A (trace B is incomplete" in out
+    code, out, _ = _run(capsys, longer, a)  # both complete: a real structural difference
+    assert code == 1 and "structure: A has 4 step(s), B has 2" in out
 
 
 def test_cli_zoom(tmp_path, capsys):
@@ -509,3 +517,13 @@ def test_bisect_compare_as_a_real_process(tmp_path):
     r = subprocess.run([*cmd, "compare", str(a), str(tmp_path / "missing")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def test_many_divergences_keep_a_short_list_and_count_all(tmp_path):
+    a = read_trace(build(tmp_path / "a", steps=3))
+    b = read_trace(build(tmp_path / "b", steps=3, change=lambda k, kd, n, x: np.array(x, copy=True) + np.float32(1)))
+    c = compare_traces(a, b)
+    assert c.divergences == 3 * 7 and len(c.next) == 5
+    assert (c.first.step, c.first.name) == (0, "x")
+    assert c.tensors_read == 2 * 6  # bitwise: only the first + next five are measured from tensors
+    assert [s.differ for s in c.per_step] == [7, 7, 7]
