@@ -161,3 +161,15 @@ def test_two_real_records_of_the_same_process_kind_do_not_differ(tmp_path):
     c = _collect("import torch\ntorch.backends.cudnn.deterministic = True", tmp_path, env={"OMP_NUM_THREADS": "1"})
     paths = {ch.path for ch in diff_environments(a, c) if ch.numerics}
     assert {"determinism.cudnn_deterministic", "env_vars.OMP_NUM_THREADS", "torch.num_threads"} <= paths
+
+
+@pytest.mark.slow
+def test_tensorflow_process_records_op_determinism_and_keras_without_torch(tmp_path):
+    pytest.importorskip("tensorflow")
+    e = _collect("import tensorflow as tf\ntf.config.experimental.enable_op_determinism()", tmp_path)
+    assert "torch" not in e["_modules"] and "tensorflow" in e["_modules"]
+    tf = e["tensorflow"]
+    assert tf["op_determinism"] is True
+    assert any(d.startswith("CPU:") for d in tf["devices"])
+    assert tf["keras"]["backend"] == "tensorflow" and e["packages"]["keras"]["version"] == tf["keras"]["version"]
+    assert "determinism" not in e  # the torch group only appears with torch

@@ -196,10 +196,14 @@ def _compile_state(torch) -> dict[str, Any]:
     return out
 
 
-def _cuda_devices(torch) -> list[dict[str, Any]]:
-    # torch.cuda.is_available() does not initialise CUDA; device_count() neither.
+def _cuda_devices(torch) -> list[dict[str, Any]] | dict[str, Any]:
+    # is_available() and device_count() do not initialise CUDA; device properties do, so
+    # they are read only once the program has initialised CUDA itself (a GPU run has, by
+    # the time the launcher seals the trace). A CPU-only run on a GPU host records the count.
     if not torch.cuda.is_available():
         return []
+    if not torch.cuda.is_initialized():
+        return {"count": torch.cuda.device_count(), "note": "CUDA not initialised by the program; devices not queried"}
     devices = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
@@ -261,8 +265,9 @@ def _determinism(torch) -> dict[str, Any]:
 def _tensorflow(tf) -> dict[str, Any]:
     out: dict[str, Any] = {"version": getattr(tf, "__version__", None)}
     cfg = tf.config
-    out["op_determinism"] = _guard(lambda: bool(cfg.experimental.is_op_determinism_enabled()))
-    out["devices"] = _guard(lambda: [d.name for d in cfg.list_logical_devices()])
+    out["op_determinism"] = _guard(_tf_op_determinism)
+    # physical devices: listing them does not start the runtime (logical ones would)
+    out["devices"] = _guard(lambda: [f"{d.device_type}:{d.name}" for d in cfg.list_physical_devices()])
     out["tf32"] = _guard(lambda: bool(cfg.experimental.tensor_float_32_execution_enabled()))
     out["run_functions_eagerly"] = _guard(lambda: bool(cfg.functions_run_eagerly()))
     out["intra_op_threads"] = _guard(lambda: cfg.threading.get_intra_op_parallelism_threads())
@@ -271,6 +276,15 @@ def _tensorflow(tf) -> dict[str, Any]:
     if keras is not None:
         out["keras"] = _guard(_keras, keras)
     return out
+
+
+def _tf_op_determinism() -> bool | None:
+    # not in tf.config's public namespace; the framework module has it (TF >= 2.8)
+    cfg = sys.modules.get("tensorflow.python.framework.config")
+    fn = getattr(cfg, "is_op_determinism_enabled", None)
+    if fn is None:
+        return os.environ.get("TF_DETERMINISTIC_OPS") in ("1", "true", "True") or None
+    return bool(fn())
 
 
 def _keras(keras) -> dict[str, Any]:
