@@ -96,7 +96,7 @@ def _run(script: Path, *args) -> dict:
 
 @pytest.mark.parametrize(
     "capture_at,workers",
-    [(3, 0), (4, 0), pytest.param(3, 2, marks=pytest.mark.slow)],
+    [(3, 0), pytest.param(4, 0, marks=pytest.mark.slow), pytest.param(3, 2, marks=pytest.mark.slow)],
     ids=["mid-epoch", "epoch-end", "mid-epoch-2-workers"],
 )
 def test_restore_in_fresh_process_continues_bitwise(tmp_path, capture_at, workers):
