@@ -314,3 +314,38 @@ def test_state_captured_by_the_launcher_resumes_bitwise(tmp_path: Path) -> None:
         rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records]
         assert ra == rb, f"resumed step {2 + k} differs"
     assert ta.steps[3].batch_ids == tb.steps[1].batch_ids
+
+
+CLOSURE = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+def closure():
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(m(x), y)
+    loss.backward()
+    return loss
+for _ in range(5):
+    if {use_closure}:
+        opt.step(closure)
+    else:
+        closure()
+        opt.step()
+"""
+
+
+def test_step_with_closure_records_the_gradients_it_computes(tmp_path: Path) -> None:
+    """Lightning and LBFGS run forward/backward inside optimizer.step(closure)."""
+    traces = []
+    for flag in (True, False):
+        p = tmp_path / f"c{flag}.py"
+        p.write_text(CLOSURE.format(use_closure=flag))
+        traces.append(read_trace(record([str(p)], tmp_path / f"t{flag}")))
+    with_closure, plain = traces
+    s = with_closure.steps[0].scalars
+    assert s["no_gradients"] is False and s["grad_params"] == 4 and s["grad_norm"] > 0
+    fp = lambda t: [(r.kind, r.name, r.fingerprint) for st in t.steps for r in st.records]  # noqa: E731
+    assert fp(with_closure) == fp(plain)

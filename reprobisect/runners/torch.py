@@ -565,11 +565,32 @@ class TorchRecorder:
                 self._add("batch", f"data[{i}]", t)
         self._record_s += time.perf_counter() - t1
 
-    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> Any:
         if self.done:
-            return
-        t0 = time.perf_counter()
+            return None
         self._optimizers.add(opt)
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
+        if closure is None:
+            self._record_grads(opt)
+            return None
+        # step(closure) (Lightning, LBFGS): forward and backward run inside step(), so the
+        # gradients are taken right after the closure's first call, before the update
+        fired = False
+
+        def recorded_closure(*a: Any, **k: Any) -> Any:
+            nonlocal fired
+            out = closure(*a, **k)
+            if not fired:
+                fired = True
+                self._record_grads(opt)
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recorded_closure}
+        return (args[0], recorded_closure, *args[2:]), kwargs
+
+    def _record_grads(self, opt: torch.optim.Optimizer) -> None:
+        t0 = time.perf_counter()
         missing: list[str] = []
         have = 0
         with torch.no_grad():
