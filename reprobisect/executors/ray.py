@@ -244,12 +244,12 @@ def _probe_task(
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
-    # this execution's trace replaces any earlier execution's, whole
+    # this execution's trace replaces any earlier execution's, whole (or removes it: no trace this time)
+    if final.exists():
+        old = root / f".{name}.old-{run_id}"
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
     if staging.exists():
-        if final.exists():
-            old = root / f".{name}.old-{run_id}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
         os.replace(staging, final)
     files: dict[str, bytes] = {}
     remote: dict[str, int] = {}
@@ -863,6 +863,9 @@ class RayExecutor:
                 detail=f"stale code: the worker ran {ran or 'an unknown commit'}, not {expected}; the result is discarded",
             )
         local = None
+        stale_local = self.out_dir / _trace_dir_name(spec)
+        if not value["has_trace"] and stale_local.exists():  # an earlier execution's copy: not this one's
+            shutil.rmtree(stale_local, ignore_errors=True)
         if value["has_trace"]:
             local = self.out_dir / _trace_dir_name(spec)
             tmp = self.out_dir / f".{local.name}.tmp-{value['run_id']}"
