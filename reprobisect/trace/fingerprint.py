@@ -87,7 +87,10 @@ def _lanes(a: np.ndarray) -> np.ndarray:
     return raw.view("<i4")
 
 
-def _row_sums(lanes: np.ndarray, block_rows: int = 64) -> np.ndarray:
+def _row_sums(lanes: np.ndarray, block_rows: int = 8) -> np.ndarray:
+    # Widen a block of rows into an int64 scratch that stays in cache, then one integer
+    # dot against the weights (exact, wrapping modulo 2**64): two passes, ~2x faster than
+    # multiply + sum.
     w = column_weights()
     n = lanes.size
     full = n // ROW
@@ -95,12 +98,12 @@ def _row_sums(lanes: np.ndarray, block_rows: int = 64) -> np.ndarray:
     out = np.empty(full + (1 if rem else 0), dtype=np.int64)
     if full:
         grid = lanes[: full * ROW].reshape(full, ROW)
-        buf = np.empty((block_rows, ROW), dtype=np.int64)
+        buf = np.empty((min(block_rows, full), ROW), dtype=np.int64)
         for i in range(0, full, block_rows):
             blk = grid[i : i + block_rows]
             b = buf[: blk.shape[0]]
-            np.multiply(blk, w, out=b, dtype=np.int64)
-            np.sum(b, axis=1, out=out[i : i + blk.shape[0]])
+            b[...] = blk
+            np.dot(b, w, out=out[i : i + blk.shape[0]])
     if rem:
         out[-1] = np.sum(lanes[full * ROW :].astype(np.int64) * w[:rem], dtype=np.int64)
     return out
