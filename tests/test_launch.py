@@ -313,3 +313,13 @@ def test_capture_rewrites_python_to_the_launcher(tmp_path: Path) -> None:
 def test_capture_help() -> None:
     r = subprocess.run([PY, "-m", "reprobisect", "capture", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--full-steps" in r.stdout and "--timeout" in r.stdout
+
+
+def test_zoom_options_record_ops_of_that_module_at_that_step(tmp_path: Path) -> None:
+    script = write(tmp_path, "train.py", train_script())
+    r, trace = launch_run(tmp_path, [str(script)], "--steps", "2", "--zoom-module", "2", "--zoom-step", "1")
+    assert r.returncode == 0, r.stderr
+    t = read_trace(trace)
+    assert not [x for x in t.steps[0].records if "::" in x.name]
+    ops = [x.name for x in t.steps[1].records if "::" in x.name]
+    assert ops and all(n.startswith("2::aten.") for n in ops)
