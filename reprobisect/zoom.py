@@ -11,8 +11,9 @@ What is re-run, per side (``ZoomSide`` overrides each): the command the manifest
 (``manifest.command``, the program and its arguments), with the interpreter the
 environment record names (``environment.python.executable``), in the working directory
 the launcher recorded (``manifest.recorder.cwd``), with this process's environment plus
-``ZoomSide.env``. The environment record only keeps numerics-relevant variables, so when
-the two sides differ by an environment variable the caller (``bisect envs``) passes it in
+the numerics-relevant variables the side's environment record kept
+(``environment.env_vars``) plus ``ZoomSide.env``. Variables the record does not keep are
+not repeated: when the two sides differ by one, the caller (``bisect envs``) passes it in
 ``ZoomSide.env``; when they differ by commit, ``ZoomSide.cwd`` points at that checkout.
 The re-runs go through ``probe.run_in_dir`` (own process group, timeout, outcome).
 
@@ -150,7 +151,9 @@ def first_divergent_op(a: Trace, b: Trace, module: str, step: int) -> ZoomResult
                           detail=(f"the first differing op ({first_diff.name}) already has differing inputs: "
                                   "the module's inputs or parameters differ at this step"), **base)
     return ZoomResult(verdict="agree", detail=f"all {len(ops_a)} ops agree bitwise in the re-run "
-                      "(the divergence did not reproduce at op level: nondeterminism, or another environment)", **base)
+                      "(the divergence did not reproduce at op level: nondeterminism, or the sides differ by something "
+                      "the re-run does not repeat, e.g. an environment variable the record does not keep: "
+                      "pass it with ZoomSide(env=...))", **base)
 
 
 def zoom_target(divergence: Any) -> tuple[str, int]:
@@ -189,6 +192,8 @@ def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, t
             raise UsageError(f"trace '{trace.path}' records no command to re-run; pass ZoomSide(command=...)")
         python = ((m.environment or {}).get("python") or {}).get("executable") or "python"
         argv = (python, *m.command)
+    env_vars = (m.environment or {}).get("env_vars")
+    recorded_env = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, dict) else {}
     cwd = side.cwd or (m.recorder or {}).get("cwd")
     if not cwd or not Path(cwd).is_dir():
         raise UsageError(
@@ -198,7 +203,7 @@ def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, t
         key=key,
         argv=argv,
         workdir=cwd,
-        env=dict(side.env),
+        env={**recorded_env, **dict(side.env)},
         steps=step + 1,
         timeout=timeout,
         extra_launch_args=("--zoom-module", module, "--zoom-step", str(step)),

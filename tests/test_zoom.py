@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
         def forward(self, x):
             y = x * 2
             # version B multiplies by a float that is not exactly 2 in float32
-            return y * (2.0000002 if os.environ.get("SWITCH") == "1" else 2.0)
+            return y * (2.0000002 if os.environ.get("TORCH_ZOOM_TEST_SWITCH") == "1" else 2.0)
 
     class Net(nn.Module):
         def __init__(self):
@@ -220,12 +220,12 @@ def test_zoom_target_from_divergences():
 # -- end to end: two versions of a script, through the launcher -----------------------
 
 def _capture_both(tmp_path):
-    """Record version A and version B (SWITCH=1) of the script, in parallel."""
+    """Record version A and version B (a TORCH_* variable set: the environment record keeps it), in parallel."""
     procs = [
         subprocess.Popen([PY, "-m", "reprobisect.runners.launch", "--trace", str(tmp_path / name), "--steps", "2", "--",
                           "train.py"], cwd=tmp_path, env={**os.environ, **env},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for name, env in (("a.trace", {}), ("b.trace", {"SWITCH": "1"}))
+        for name, env in (("a.trace", {}), ("b.trace", {"TORCH_ZOOM_TEST_SWITCH": "1"}))
     ]
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -242,7 +242,9 @@ def test_run_zoom_names_the_changed_mul(tmp_path):
     a, b = _capture_both(tmp_path)
     cmp = compare_traces(a, b)
     assert cmp.origin is not None and cmp.origin.name == "scale" and cmp.origin.step == 0
-    r = run_zoom(a, b, cmp, side_b=ZoomSide(env={"SWITCH": "1"}), out_dir=str(tmp_path / "zoom"))
+    assert b.manifest.environment["env_vars"]["TORCH_ZOOM_TEST_SWITCH"] == "1"
+    # the re-run of B repeats the variable from B's environment record
+    r = run_zoom(a, b, cmp, side_a=ZoomSide(env={"UNRELATED": "1"}), out_dir=str(tmp_path / "zoom"))
     assert r.verdict == "origin", str(r)
     assert (r.module, r.step, r.op, r.occurrence) == ("scale", 0, "aten.mul.Tensor", 1)
     assert (r.args_a, r.args_b) == (["2.0"], ["2.0000002"])

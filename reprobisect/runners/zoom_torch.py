@@ -29,8 +29,10 @@ Module-specific hooks of the user's own (weight norm, parametrizations) are part
 computation and are recorded.
 
 Module names follow the recorder's rule unless ``name_of`` is given: the first module
-called with no module on the stack is the model, named ``""`` (submodules by their
-``named_modules`` path); later roots are prefixed with their class name.
+called with no module on the stack and grad enabled is the model, named ``""``
+(submodules by their ``named_modules`` path); later roots are prefixed with their class
+name. (``reprobisect.torch.record(model)`` names its model first explicitly; pass
+``name_of`` there if another module trains before it.)
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class ZoomRecorder:
         name = self._names.get(id(module))
         if name is not None:
             return name
-        if len(self._stack) == 1:  # a root: the first is the model
+        if len(self._stack) == 1 and torch.is_grad_enabled():  # a root: the first training one is the model
             prefix = "" if not self._roots else type(module).__name__
             taken = set(self._names.values())
             base, k = prefix, 1
