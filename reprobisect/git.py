@@ -353,10 +353,16 @@ class WorktreePool:
         self._all: list[Path] = []
         self._n = 0
         self._closed = False
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.prune_stale()
         self._home = self.cache_dir / f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-        self._home.mkdir()
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            self.prune_stale()
+            self._home.mkdir()
+        except OSError as e:
+            raise UsageError(
+                f"cannot create the worktree cache folder {self.cache_dir}: {e.strerror or e}; "
+                "give a writable cache folder (--cache-dir)"
+            ) from None
 
     # -- lifecycle
     def __enter__(self) -> "WorktreePool":
@@ -485,8 +491,11 @@ def session_lock(
     """
     info = _info(repo)
     path = info.common_dir / "reprobisect" / "session.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UsageError(f"cannot create the session lock {path}: {e.strerror or e}; is the repository writable?") from None
     try:
         deadline = time.monotonic() + max(timeout, 0.0)
         told = False

@@ -338,6 +338,14 @@ def test_pool_reuses_worktrees_and_cleans_between_probes(linear) -> None:
     assert snapshot(repo) == before
 
 
+def test_unwritable_cache_folder_is_one_line(linear, tmp_path: Path) -> None:
+    repo, _ = linear
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UsageError, match="cannot create the worktree cache folder .*a-file/wt.*--cache-dir"):
+        WorktreePool(repo, cache_dir=blocker / "wt")
+
+
 def test_pool_without_reuse_removes_each_tree(linear) -> None:
     repo, h = linear
     with WorktreePool(repo, reuse=False) as pool:
