@@ -69,11 +69,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 """Per-dtype (atol, rtol) of the ``default`` policy; any other dtype (integers, bool) is exact."""
 
-# Environment keys that describe where/how a run was launched rather than its numerics;
-# they are listed as differences but do not stop two traces from counting as "the same
-# environment" when the tolerance is chosen.
-_INFO_PREFIXES = ("git", "host.hostname", "cwd", "python.argv", "python.executable", "python.prefix")
-_INFO_SUFFIXES = (".path",)
+# Keys under these prefixes are the code revision, not the environment: two commits run in
+# the same environment still get the bitwise policy (any changed bit is the code's doing).
+_REVISION_PREFIXES = ("git.",)
 
 _MAX_NEXT = 5
 
@@ -200,7 +198,7 @@ class EnvDifference:
     change: str
     a: Any = None
     b: Any = None
-    info: bool = False  # where/how it was launched (host name, cwd, git), not numerics
+    info: bool = False  # where/how it was launched (host, cwd, paths), not numerics
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "change": self.change, "a": self.a, "b": self.b, "info": self.info}
@@ -210,14 +208,17 @@ _MISSING = object()
 
 
 def _is_info(key: str) -> bool:
-    return key.startswith(_INFO_PREFIXES) or key.endswith(_INFO_SUFFIXES)
+    """Launch information (host, cwd, interpreter path, import paths): ``reprobisect.envdiff``'s split."""
+    from reprobisect.envdiff import category_of
+
+    return category_of(key) == "info"
 
 
 def diff_environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[EnvDifference]:
     """Walk two environment records recursively; every changed, added or removed key, A to B.
 
-    Numerics-relevant differences come first, launch information (host name, cwd, git)
-    last; within each group in the order of the records.
+    Numerics-relevant differences come first, launch information (host, cwd, paths; the
+    split of ``reprobisect.envdiff``) last; within each group in the order of the records.
     """
     out: list[EnvDifference] = []
 
@@ -241,11 +242,12 @@ def choose_tolerance(a: Trace, b: Trace) -> tuple[Tolerance, str]:
     """The policy ``auto`` resolves to for these two traces, and why.
 
     Bitwise when both traces were recorded on the same device in the same environment
-    (only launch information such as host name, cwd or git revision differs): then any
-    bit difference is a real nondeterminism or code change. Otherwise ``default``: a
+    (only launch information such as host, cwd or import paths, or the git revision,
+    differs): then any bit difference is a real nondeterminism or code change. Otherwise ``default``: a
     different device, library or flag legitimately changes rounding.
     """
-    diffs = [d for d in diff_environment(a.manifest.environment, b.manifest.environment) if not d.info]
+    diffs = [d for d in diff_environment(a.manifest.environment, b.manifest.environment)
+             if not d.info and not d.key.startswith(_REVISION_PREFIXES)]
     if not diffs:
         return Tolerance(mode="bitwise"), "both traces share device and environment"
     shown = ", ".join(d.key for d in diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")

@@ -115,7 +115,8 @@ def test_identical_traces_read_no_tensor(tmp_path):
 
 def test_auto_tolerance_is_bitwise_in_the_same_environment(tmp_path):
     a = build(tmp_path / "a")
-    b = build(tmp_path / "b", env={**ENV, "host": {"hostname": "elsewhere"}}, change=bump(0, "activation", "act", "ulp"))
+    b = build(tmp_path / "b", env={**ENV, "host": {"hostname": "elsewhere"}, "git": {"commit": "abc123"}},
+              change=bump(0, "activation", "act", "ulp"))
     ta, tb = read_trace(a), read_trace(b)
     tol, why = choose_tolerance(ta, tb)
     assert tol.mode == "bitwise" and "share device and environment" in why
