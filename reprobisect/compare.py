@@ -247,7 +247,7 @@ def choose_tolerance(a: Trace, b: Trace) -> tuple[Tolerance, str]:
     different device, library or flag legitimately changes rounding.
     """
     diffs = [d for d in diff_environment(a.manifest.environment, b.manifest.environment)
-             if not d.info and not d.key.startswith(_REVISION_PREFIXES)]
+             if not d.info and not (d.key + ".").startswith(_REVISION_PREFIXES)]
     if not diffs:
         return Tolerance(mode="bitwise"), "both traces share device and environment"
     shown = ", ".join(d.key for d in diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
