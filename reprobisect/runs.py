@@ -302,7 +302,12 @@ class _Prober:
             if hit is not None:
                 return _Judged(commit, hit.verdict, hit.reason, hit.outcome, str(hit.trace) if hit.trace else None, 0, True, 0.0)
         runs0 = self.runs
-        results: list[tuple[str, str, ProbeResult]] = [self._classify_one(commit, full_steps) for _ in range(max(1, self.cfg.repeat))]
+        n = max(1, self.cfg.repeat)
+        if n == 1:
+            results = [self._classify_one(commit, full_steps)]
+        else:  # the repeats run side by side (the executor bounds how many really run at once)
+            with cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="repeat") as rp:
+                results = list(rp.map(lambda _: self._classify_one(commit, full_steps), range(n)))
         verdicts = [v for v, _, _ in results]
         tested = [v for v in verdicts if v != "skip"]
         if not tested:
