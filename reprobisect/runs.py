@@ -453,12 +453,8 @@ def find_first_bad(
         "steps": opts.steps, "first_parent": cfg.first_parent, "terms": list(terms), "repeat": cfg.repeat,
         "points": len(points), "repo": str(top),
     }
-    if cfg.resume:
-        log = SessionLog.load(log_path)
-        if log.header.get("good") != good or log.header.get("bad") != bad:
-            raise UsageError(f"the session log {log_path} is for another search; run without --resume")
-    else:
-        log = SessionLog.create(log_path, header)
+    if cfg.resume:  # fail early, before any executor starts; loaded again under the lock
+        SessionLog.load(log_path)
     cache = ResultCache(cache_dir / "cache")
 
     own_executor = executor is None
@@ -476,6 +472,13 @@ def find_first_bad(
     pool = cf.ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="runs")
     try:
         with lock_cm:
+            # the log is only read or replaced while this session holds the repository's lock
+            if cfg.resume:
+                log = SessionLog.load(log_path)
+                if log.header.get("good") != good or log.header.get("bad") != bad:
+                    raise UsageError(f"the session log {log_path} is for another search; run without --resume")
+            else:
+                log = SessionLog.create(log_path, header)
             if own_progress:
                 progress.__enter__()
             logged = {(e.role, e.point): e for e in log.events}

@@ -118,6 +118,16 @@ def test_cli_bad_input_exit_2_one_line(small, tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_second_session_on_the_same_repository_is_refused(small):
+    from reprobisect.git import session_lock
+
+    log_dir = small.path / ".git" / "reprobisect" / "sessions"
+    with session_lock(small.path):
+        with pytest.raises(UsageError, match="another reprobisect session holds the lock"):
+            find_first_bad(_config(small))
+    assert not log_dir.exists() or not list(log_dir.iterdir())  # the holder's log is never replaced
+
+
 def test_help_smoke():
     for name in ("runs", "demo"):
         r = subprocess.run([*BISECT, name, "--help"], capture_output=True, text=True)
