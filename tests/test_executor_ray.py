@@ -440,6 +440,13 @@ def test_local_instance_started_and_shut_down(tmp_path):
             import ray
             from test_executor_ray import RUNNER, _spec
             from reprobisect.executors.ray import RayExecutor
+            from reprobisect.errors import ReproError
+            errors = []
+            for address in ("127.0.0.1:1", "nonsense"):
+                try:
+                    RayExecutor(address=address)
+                except ReproError as e:
+                    errors.append(f"{{type(e).__name__}}: {{e}}")
             work = Path({str(tmp_path)!r}) / "w"; work.mkdir(); (work / "value.txt").write_text("7")
             ex = RayExecutor(runner=RUNNER, num_cpus=1, temp_dir={short_tmp!r})
             started = ray.is_initialized()
@@ -447,7 +454,7 @@ def test_local_instance_started_and_shut_down(tmp_path):
             out = ex.out_dir
             ex.close()
             print(json.dumps({{"started": started, "status": res.outcome.status, "after": ray.is_initialized(),
-                               "out_left": out.exists()}}))
+                               "out_left": out.exists(), "errors": errors}}))
             """
         )
     )
@@ -455,5 +462,8 @@ def test_local_instance_started_and_shut_down(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    errors = got.pop("errors")
     assert got == {"started": True, "status": "ok", "after": False, "out_left": False}
+    assert errors[0].startswith("ProbeError: cannot reach the Ray cluster at '127.0.0.1:1' (")
+    assert errors[1] == "UsageError: 'nonsense' is not a Ray address; use auto, HOST:PORT or ray://HOST:10001"
     shutil.rmtree(short_tmp, ignore_errors=True)

@@ -341,6 +341,7 @@ class RayExecutor:
         start_grace_s: float = 120.0,
         placement_timeout: float = 60.0,
         fetch_timeout: float = 300.0,
+        connect_timeout: float = 15.0,
         eager_bytes: int = 64 << 20,
         max_ship_bytes: int = 256 << 20,
         shared_fs: bool = False,
@@ -364,6 +365,8 @@ class RayExecutor:
         probe without any timeout; ``start_grace_s``: extra seconds the controller allows
         for queueing, worker start and code unpacking before it cancels a task.
         ``placement_timeout``: seconds to wait for a pair's placement group.
+        ``connect_timeout``: seconds to reach ``HOST:PORT`` of an address before giving up
+        (Ray itself would retry for minutes).
         ``eager_bytes``: trace bytes copied back with each result (the rest stays on the
         worker until fetched). ``shared_fs``: run specs without a revision in their
         ``workdir`` path on the worker instead of shipping the folder. ``out_dir``/``keep``:
@@ -408,6 +411,7 @@ class RayExecutor:
                         kw["_temp_dir"] = temp_dir
                     ray.init(**kw, log_to_driver=False, configure_logging=False)
                 else:
+                    _check_reachable(address, connect_timeout)
                     ray.init(address=address, log_to_driver=False, configure_logging=False)
             except ReproError:
                 raise
@@ -913,6 +917,24 @@ class RayExecutor:
         ]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=10)
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """Fail fast with one line when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not answer."""
+    m = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
+    if not m:
+        if address != "auto" and not address.startswith("ray://"):
+            raise UsageError(f"'{address}' is not a Ray address; use auto, HOST:PORT or ray://HOST:10001")
+        return
+    host, port = m.group(1), int(m.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        why = f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise ProbeError(
+            f"cannot reach the Ray cluster at '{address}' ({why}); "
+            "check that its head node runs and that this machine can reach the port"
+        ) from None
 
 
 def _first_line(e: Any) -> str:
