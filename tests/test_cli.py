@@ -66,13 +66,13 @@ def test_an_unbuilt_command_says_so_in_one_line(monkeypatch, capsys):
     assert err == f"error: 'bisect later' is not built yet in reprobisect {__version__}\n"
 
 
-@pytest.mark.parametrize("name", DESIGNED)
-def test_each_designed_command_is_built_or_says_not_built(name, capsys):
-    if _built(name):
-        pytest.skip(f"bisect {name} is built; its own tests cover it")
-    assert main([name]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.strip() == f"error: 'bisect {name}' is not built yet in reprobisect {__version__}"
+def test_each_designed_command_is_built_or_says_not_built(capsys):
+    for name in DESIGNED:
+        if _built(name):
+            continue  # a built command: its --help runs above, its own tests cover the rest
+        assert main([name]) == 2, name
+        out, err = capsys.readouterr()
+        assert out == "" and err.strip() == f"error: 'bisect {name}' is not built yet in reprobisect {__version__}"
 
 
 def test_console_script_runs_and_imports_no_framework(tmp_path):
