@@ -683,10 +683,9 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
     structure = note = ""
     if only_a or only_b:
         parts = [f"A has {len(steps_a)} step(s), B has {len(steps_b)}"]
-        if only_a:
-            parts.append(f"steps {_ranges(only_a)} only in A")
-        if only_b:
-            parts.append(f"steps {_ranges(only_b)} only in B")
+        for side, only in (("A", only_a), ("B", only_b)):
+            if only:
+                parts.append(f"step{'s' if len(only) > 1 else ''} {_ranges(only)} only in {side}")
         last = max(common) if common else -1
         short = "B" if only_a else "A"
         short_trace = b if only_a else a
