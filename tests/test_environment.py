@@ -154,6 +154,7 @@ def test_diff_separates_numerics_from_info():
     assert format_changes([]) == ""
 
 
+@pytest.mark.slow
 def test_two_real_records_of_the_same_process_kind_do_not_differ(tmp_path):
     a = _collect("import torch", tmp_path)
     b = _collect("import torch", tmp_path)
