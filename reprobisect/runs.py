@@ -623,6 +623,13 @@ def find_first_bad(
                 lg_trace = traces.get(lg) if lg else None
                 if lg_trace is None and lg is not None:
                     lg_trace = _cached_trace(cache, prober, lg)
+                if lg_trace is None and lg is not None:
+                    # the culprit's parent was never probed (a merge history, or no re-check):
+                    # probe it once, so the answer can name the first divergence inside the culprit
+                    progress.update(f"probing the culprit's parent {_short(lg)} for the divergence")
+                    jp = prober.judge(lg)
+                    record(jp, "parent", as_term(jp.verdict))
+                    lg_trace = jp.trace
                 div, div_text = _divergence(lg_trace, traces.get(res.first_bad), tolerance)
             return RunsResult(
                 first_bad=first,

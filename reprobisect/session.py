@@ -119,7 +119,7 @@ class SessionEvent:
     cached: bool = False
     wall_s: float | None = None
     role: str = "search"
-    """'endpoint', 'search' or 'recheck': endpoint and re-check probes are not search events."""
+    """'endpoint', 'search', 'recheck' or 'parent': only 'search' events are replayed into the search."""
 
     def to_json(self) -> dict[str, Any]:
         return {
