@@ -25,7 +25,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
