@@ -106,7 +106,8 @@ class CommitSummary:
 
 @dataclass(frozen=True)
 class RunsResult:
-    """The answer of ``bisect runs``; truthy when it names one first bad commit."""
+    """The answer of ``bisect runs``; truthy when it names one first bad commit and the
+    re-check of that commit and its parent agreed with the search."""
 
     first_bad: CommitSummary | None
     """The first commit with the new behaviour; None when ambiguous or not found."""
@@ -142,7 +143,7 @@ class RunsResult:
     resumed: bool = False
 
     def __bool__(self) -> bool:
-        return self.first_bad is not None
+        return self.first_bad is not None and not self.recheck.startswith("disagreed")
 
     def __str__(self) -> str:
         from reprobisect.runs import render_result
@@ -591,17 +592,6 @@ def find_first_bad(
                 for c, j in again.items():
                     record(j, "recheck", as_term(j.verdict))
                 vp, vf = as_term(again[parent].verdict), as_term(again[fb].verdict)
-                if parent == good and cfg.check == "match":
-                    vp = "good" if again[parent].trace else vp
-                    # the good end against its own reference: compare the fresh trace too
-                    if again[parent].trace and jg.trace:
-                        from reprobisect.probe import compare_traces
-
-                        try:
-                            if not bool(compare_traces(jg.trace, again[parent].trace, tolerance)):
-                                vp = "bad"
-                        except Exception:
-                            pass
                 if vp == "good" and vf == "bad":
                     recheck = "agreed"
                     traces[fb] = again[fb].trace or traces.get(fb)
