@@ -375,3 +375,28 @@ def test_repeat_turns_a_flaky_commit_into_a_skip(tmp_path):
     assert skipped.get(commits[2], "").startswith("flaky: bad 1, good 1 of 2 runs"), r.skipped
     assert {c.hash for c in r.candidates} == {commits[2], commits[3]}
     assert r.runs >= 2 * (2 + r.probes)  # every judgement ran twice
+
+
+# --------------------------------------------------------------------------- terms: hunting the commit that fixed it
+
+
+@pytest.mark.slow
+def test_terms_find_the_commit_that_fixed_nonfinite_training(tmp_path):
+    repo = build_demo_repo(tmp_path / "repo", n_commits=3, culprit_at=1, broken_at=None, culprit_kind="nan")
+    root = repo.path
+    train = root / "train.py"
+    train.write_text(train.read_text().replace("LABEL_SMOOTHING = 1.0", "LABEL_SMOOTHING = 0.1"))
+    _git(root, "commit", "-q", "-am", "train: sane label smoothing")
+    fix = _git(root, "rev-parse", "HEAD").strip()
+    (root / "README.md").write_text((root / "README.md").read_text() + "\nfixed NaN loss\n")
+    _git(root, "commit", "-q", "-am", "docs: note the fix")
+    cfg = RunsConfig(cwd=str(root), good=repo.culprit, bad="HEAD", command=CMD, check="finite",
+                     terms=("broken", "fixed"), options=ProbeOptions(jobs=2, quiet=True))
+    r = find_first_bad(cfg)
+    assert r and r.first_bad.hash == fix
+    assert r.recheck == "agreed"
+    assert "first fixed commit" in str(r)
+    # with the default terms the same endpoints are refused: --good does not probe good
+    with pytest.raises(ProbeError, match="does not probe good"):
+        find_first_bad(RunsConfig(cwd=str(root), good=repo.culprit, bad="HEAD", command=CMD, check="finite",
+                                  options=ProbeOptions(jobs=2, quiet=True)))
