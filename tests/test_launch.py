@@ -9,7 +9,6 @@ nonfinite, no_steps), a sealed trace in each case, no orphaned DataLoader worker
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

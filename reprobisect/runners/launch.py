@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import runpy

@@ -34,6 +34,15 @@ What is observed, and how:
 - ``param`` / ``optim_state``: at the step post-hook, every parameter of the optimizer
   and every tensor in its state (``fc.weight/exp_avg``); ``scalars.lr`` per group.
 
+Scalars per step: ``loss`` (the first loss record, when it is a scalar), ``lr`` (per
+group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
+``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
+``data_wait_s`` (time inside the DataLoader's ``__next__``), ``record_s`` (time in the
+recorder's hooks), ``compute_s`` (the step's wall time minus both),
+``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
+made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
+NaN/Inf, in chain order).
+
 A step ends at each ``optimizer.step()`` (of any optimizer; a GAN's two optimizers
 give two steps). Records are buffered during the step, fingerprinted on the tensor's
 device as they happen (``fingerprint_torch.begin``) and brought to the host once, at the
@@ -51,7 +60,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
