@@ -378,6 +378,17 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     return data, text
 
 
+def _unfinished(log_path: Path) -> int:
+    """Probes in an earlier log at ``log_path`` that never reached its answer (0: none)."""
+    try:
+        old = SessionLog.load(log_path)
+    except ReproError:
+        return 0
+    if any(e.role in ("recheck", "parent") for e in old):
+        return 0
+    return len(old)
+
+
 def _cached_trace(cache: ResultCache, prober: "_Prober", commit: str) -> str | None:
     hit = cache.get(prober.key(commit))
     return str(hit.trace) if hit and hit.trace else None
@@ -470,6 +481,7 @@ def find_first_bad(
     lock_cm = _g.session_lock(info, timeout=0, what=f"bisect runs --good {cfg.good} --bad {cfg.bad}")
     prober = _Prober(cfg, top, subdir, executor, cache, tolerance)
     cached = 0
+    replaced = 0
     pool = cf.ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="runs")
     try:
         with lock_cm:
@@ -479,9 +491,13 @@ def find_first_bad(
                 if log.header.get("good") != good or log.header.get("bad") != bad:
                     raise UsageError(f"the session log {log_path} is for another search; run without --resume")
             else:
+                replaced = _unfinished(log_path)
                 log = SessionLog.create(log_path, header)
             if own_progress:
                 progress.__enter__()
+            if not cfg.resume and replaced:
+                progress.note(f"note: an unfinished session with these arguments ({replaced} probes) was replaced; "
+                              "--resume continues one instead (its verdicts stay cached)")
             logged = {(e.role, e.point): e for e in log.events}
 
             def record(j: _Judged, role: str, verdict: str) -> None:

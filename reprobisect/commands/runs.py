@@ -34,6 +34,10 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
 
     Each commit runs in its own detached worktree; your checkout is never touched.
 
+    Exit 0 when one first bad commit is named (and its re-check agreed), 1 when
+    the answer is ambiguous ("could be any of") or the re-check disagreed, 2 for bad
+    input or an endpoint that does not probe as its flag says.
+
     \b
     Example:
       bisect runs --good v1.2 --bad main -- python train.py --lr 3e-4
