@@ -205,7 +205,8 @@ def main() -> int:
             c = part_c(tmp / "repo", commits, args.culprit, tmp)
             print(f"C. git bisect run bisect probe: {c['runs']} probe runs, {c['wall_s']:.1f} s, found={c['found']}; "
                   f"bisect runs / git bisect run wall = {b['wall_s'] / c['wall_s']:.2f}x "
-                  f"(bisect runs also verifies both endpoints and re-checks the culprit and its parent)")
+                  f"(bisect runs also verifies both endpoints and re-checks the culprit and its parent); "
+                  f"per probe run {b['wall_s'] / b['runs']:.2f} s vs {c['wall_s'] / max(c['runs'], 1):.2f} s")
         shutil.rmtree(b["cache"], ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
