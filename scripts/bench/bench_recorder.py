@@ -6,7 +6,8 @@ In one process, after warm-up, on the example MLP (4 x 1024, batch 256) and tran
 (4 layers, d 256, seq 128): each round runs ``--steps`` training steps in each mode,
 interleaved (the order rotating each round) so that machine noise hits every mode
 alike; the figure per mode is the median step time, and ratios are against plain in
-the same run. Modes:
+the same run (wall time, and process CPU time, which a shared machine disturbs less).
+Modes:
 
 - ``plain``: the training step as the example runs it;
 - ``record``: the launcher's recorder (fingerprint + stats of every tensor every step:
@@ -73,13 +74,15 @@ def build(name: str, quick: bool):
     return step, _cycle(loader)
 
 
-def run_steps(step, data, n: int) -> list[float]:
+def run_steps(step, data, n: int, cpu: list[float] | None = None) -> list[float]:
     times = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(data)
         step(x, y)
         times.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.process_time() - c0)
     return times
 
 
@@ -87,6 +90,7 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
     step, data = build(name, quick)
     run_steps(step, data, 3)  # warm-up
     times: dict[str, list[float]] = {"plain": [], "record": [], "fp_only": [], "anomaly": []}
+    cpu: dict[str, list[float]] = {m: [] for m in times}
     modes = list(times)
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate: no mode always first
@@ -95,17 +99,19 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
                 rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=mode == "record")).install()
                 run_steps(step, data, 1)  # the recorder's first step learns names and hooks
                 try:
-                    times[mode] += run_steps(step, data, steps)
+                    times[mode] += run_steps(step, data, steps, cpu[mode])
                 finally:
                     rec.remove()
                     writer.close()
             elif mode == "anomaly":
                 with torch.autograd.detect_anomaly(check_nan=True):
-                    times[mode] += run_steps(step, data, steps)
+                    times[mode] += run_steps(step, data, steps, cpu[mode])
             else:
-                times[mode] += run_steps(step, data, steps)
+                times[mode] += run_steps(step, data, steps, cpu[mode])
     med = {m: statistics.median(v) for m, v in times.items()}
+    cmed = {m: statistics.median(v) for m, v in cpu.items()}
     return {
+        "cpu_ratio": {m: round(v / cmed["plain"], 3) for m, v in cmed.items()},
         "model": name,
         "median_step_s": {m: round(v, 5) for m, v in med.items()},
         "ratio": {m: round(v / med["plain"], 3) for m, v in med.items()},
@@ -142,6 +148,8 @@ def main(argv=None) -> int:
         print(f"{r['model']:<12}{m['plain'] * 1e3:>10.1f}{m['record'] * 1e3:>11.1f}{m['fp_only'] * 1e3:>12.1f}"
               f"{m['anomaly'] * 1e3:>12.1f}{x['record']:>10.3f}{x['fp_only']:>11.3f}{x['anomaly']:>11.3f}"
               f"  <= {r['target']:.2f} {ok}")
+        c = r["cpu_ratio"]
+        print(f"{'':<12}{'(process CPU time ratios)':>45}{c['record']:>10.3f}{c['fp_only']:>11.3f}{c['anomaly']:>11.3f}")
     return 0
 
 
