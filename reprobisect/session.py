@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from reprobisect.errors import UsageError
+from reprobisect.trace.writer import fsync_dir
 
 __all__ = [
     "SESSION_VERSION",
@@ -57,18 +58,6 @@ RELEVANT_ENV_VARS = (
 
 _FRAMEWORKS = ("torch", "numpy", "lightning", "tensorflow", "tensorflow-cpu", "keras", "jax")
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def probe_environment(python: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -168,7 +157,7 @@ class SessionLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-        _fsync_dir(p.parent)
+        fsync_dir(p.parent)
         return cls(path=p, header=head, events=[])
 
     @classmethod

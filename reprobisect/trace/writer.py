@@ -64,7 +64,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (best effort where the OS refuses)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -134,7 +135,7 @@ class TraceWriter:
             extra=dict(extra or {}),
         )
         write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self._steps_file = open(self.path / "steps.jsonl", "w")
         self._files: dict[str, dict[str, Any]] = {}
         self._step: int | None = None
@@ -250,9 +251,9 @@ class TraceWriter:
         )
         for folder in (self.path / "tensors", self.path / "state"):
             if folder.is_dir():
-                _fsync_dir(folder)
+                fsync_dir(folder)
         write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self._closed = True
 
     def __enter__(self) -> "TraceWriter":
