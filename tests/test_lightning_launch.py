@@ -1,0 +1,72 @@
+"""An unmodified Lightning script records under the launcher (global torch hooks).
+
+Guards the packaging too: a broken Lightning entry point declared by reprobisect would
+make every Lightning script fail to import, which the launcher would report as 'skip'.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reprobisect.trace import read_trace
+
+pytest.importorskip("lightning")
+
+SCRIPT = textwrap.dedent(
+    '''
+    import lightning as L
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.body(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+    if __name__ == "__main__":
+        L.seed_everything(0)
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
+        trainer = L.Trainer(max_steps=6, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False,
+                            accelerator="cpu", devices=1)
+        trainer.fit(Net(), DataLoader(data, batch_size=16, shuffle=True, generator=g))
+    '''
+)
+
+
+@pytest.mark.slow
+def test_lightning_script_records_two_steps(tmp_path: Path) -> None:
+    script = tmp_path / "train_lightning.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run.trace"
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprobisect.runners.launch", "--trace", str(out), "--steps", "2", "--", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trace = read_trace(out)
+    assert trace.manifest.outcome["status"] == "ok"
+    assert [s.step for s in trace.steps] == [0, 1]
+    kinds = {r.kind for r in trace.steps[0].records}
+    assert {"batch", "activation", "loss", "grad", "param"} <= kinds
+    assert trace.steps[0].scalars["no_gradients"] is False
+    assert trace.steps[0].scalars["lr"] == [0.1]
