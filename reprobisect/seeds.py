@@ -491,8 +491,12 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
     """Probe ``argv`` once per seed (``{seed}`` substituted) and map seed sensitivity.
 
     ``noise`` (3 seeds or more) adds the per-step noise floor. A seed whose probe
-    produced no trace is a ``ProbeError`` naming it.
+    produced no trace is a ``ProbeError`` naming it. Unless ``options.full_steps`` says
+    otherwise, step 0's full tensors are kept: without them init and augmentation cannot
+    be told apart from data order whenever the data order follows the seed.
     """
+    if not options.full_steps:
+        options = replace(options, full_steps=(0,))
     from reprobisect.probe import compare_traces, retry_once
     from reprobisect.progress import progress
     from reprobisect.repro import _failed, spec_for

@@ -22,7 +22,11 @@ __all__ = ["command"]
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, seeds: str, noise_floor: bool, as_json: bool, cmd: tuple[str, ...]) -> int:
-    """Run the command once per seed and map which components change with it."""
+    """Run the command once per seed and map which components change with it.
+
+    Full tensors of step 0 are kept (unless --full-steps is given) so that init and
+    augmentation can be separated from data order.
+    """
     from reprobisect.seeds import render_seed_map, run_seeds
 
     result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor)
