@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprobisect.errors import UsageError
+from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult
 from reprobisect.options import ProbeOptions
 
@@ -142,7 +143,7 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         spec_for(argv_b, options, key=f"envs-{tag}-b", workdir=cwd, env=sb.env, python=sb.python),
     ]
     with options.make_executor() as ex, progress("envs", total=2, quiet=options.quiet) as p:
-        futures = [ex.submit(s) for s in specs]
+        futures = submit_all(ex, specs)
         results = []
         for side, f in zip("ab", futures):
             p.update(f"side {side}")

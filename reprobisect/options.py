@@ -66,6 +66,9 @@ class ProbeOptions:
     """GPUs each probe requests from Ray."""
     cpus_per_probe: float = 1.0
     """CPUs each probe requests from Ray."""
+    placement: str | None = None
+    """How paired probes (repro, envs) are placed on Ray: 'pack' (one node, the same
+    device type) or 'spread' (two nodes, on purpose); None: pack."""
     config: Path | None = None
     """The config file these options were read from, if any."""
 
@@ -80,6 +83,8 @@ class ProbeOptions:
             raise UsageError(f"unknown executor '{self.executor}'; use --executor local or --executor ray")
         if self.tolerance is not None and self.tolerance not in TOLERANCES:
             raise UsageError(f"unknown tolerance '{self.tolerance}'; use bitwise or default (or --atol/--rtol)")
+        if self.placement not in (None, "pack", "spread"):
+            raise UsageError(f"unknown placement '{self.placement}'; use --placement pack or --placement spread")
         for n in ("atol", "rtol"):
             v = getattr(self, n)
             if v is not None and v < 0:
@@ -95,7 +100,8 @@ class ProbeOptions:
         """Keyword arguments for ``reprobisect.executors.make_executor(self.executor, ...)``."""
         kw: dict[str, Any] = {"jobs": self.jobs, "keep": self.keep or self.out is not None, "out_dir": self.out}
         if self.executor == "ray":
-            kw.update(address=self.ray_address, gpus_per_probe=self.gpus_per_probe, cpus_per_probe=self.cpus_per_probe)
+            kw.update(address=self.ray_address, gpus_per_probe=self.gpus_per_probe, cpus_per_probe=self.cpus_per_probe,
+                      placement=self.placement)
             if self.timeout is not None:
                 kw["timeout"] = self.timeout
         return kw
@@ -224,6 +230,7 @@ _OPTION_NAMES = (
     "ray_address",
     "gpus_per_probe",
     "cpus_per_probe",
+    "placement",
 )
 
 
@@ -255,6 +262,8 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--address", "ray_address", default=None, help="Ray cluster address (--executor ray)."),
         click.option("--gpus-per-probe", type=float, default=None, help="GPUs per probe (--executor ray)."),
         click.option("--cpus-per-probe", type=float, default=None, help="CPUs per probe (--executor ray)."),
+        click.option("--placement", type=click.Choice(["pack", "spread"]), default=None,
+                     help="Paired probes on Ray: one node (pack) or two (spread) [default: pack]."),
         click.option("--config", type=click.Path(dir_okay=False), default=None, help="YAML/JSON file giving any of these options."),
     ]
     for d in reversed(decorators):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reprobisect.errors import ProbeError, UsageError
+from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.options import ProbeOptions
 from reprobisect.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
@@ -220,7 +221,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = 2, hashseed
     from reprobisect.progress import progress
 
     with options.make_executor() as ex, progress("repro", total=runs, quiet=options.quiet) as p:
-        futures = [ex.submit(s) for s in specs]
+        futures = submit_all(ex, specs)
         results = []
         for i, f in enumerate(futures):
             p.update(f"run {i}")

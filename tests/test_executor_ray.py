@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.executors import Executor, ProbeSpec, make_executor
+from reprobisect.executors import Executor, ProbeSpec, make_executor, submit_all
+from reprobisect.options import ProbeOptions
 from reprobisect.search import Bisection
 from reprobisect.trace import read_trace
 
@@ -247,6 +248,19 @@ def test_pairs_pack_on_one_node_and_spread_on_two(cluster, tmp_path):
         assert (_info(ra)["side"], _info(rb)["side"]) == ("a", "b")  # each side its own runtime_env
         assert ra.node_id == rb.node_id and ra.device_type == rb.device_type == "cpu"
         assert json.loads((Path(ra.trace_dir) / "ray.json").read_text())["placement"] == "pack"
+
+
+def test_repro_and_envs_pairs_follow_the_placement_option(cluster, tmp_path):
+    """--placement reaches the executor, and the sides repro/envs submit together are paired."""
+    kw = ProbeOptions(executor="ray", placement="spread").executor_kwargs()
+    assert kw["placement"] == "spread"
+    with pytest.raises(UsageError, match="unknown placement 'diagonal'"):
+        ProbeOptions(executor="ray", placement="diagonal")
+    work = _folder(tmp_path, "w")
+    with RayExecutor(runner=RUNNER, placement_timeout=30, **{k: v for k, v in kw.items() if k == "placement"}) as ex:
+        ra, rb = (f.result(timeout=120) for f in submit_all(ex, [_spec("sa", workdir=work), _spec("sb", workdir=work)]))
+        assert ra.outcome.status == rb.outcome.status == "ok"
+        assert ra.placement == rb.placement == "spread" and ra.node_id != rb.node_id
 
 
 def test_unsatisfiable_placement_fails_fast_with_a_clear_message(cluster, tmp_path):
