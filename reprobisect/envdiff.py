@@ -40,6 +40,7 @@ INFO_PATHS = (
     "packages.*.path",
     "torch.devices.*.memory_gib",
     "recorder",
+    "probe",
 )
 """Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
 

@@ -174,3 +174,17 @@ def test_tensorflow_process_records_op_determinism_and_keras_without_torch(tmp_p
     assert any(d.startswith("CPU:") for d in tf["devices"])
     assert tf["keras"]["backend"] == "tensorflow" and e["packages"]["keras"]["version"] == tf["keras"]["version"]
     assert "determinism" not in e  # the torch group only appears with torch
+
+
+def test_probe_placement_is_recorded_as_info(monkeypatch):
+    """Executors pass where a probe ran as REPROBISECT_PROBE_*; the record keeps it as info."""
+    from reprobisect.envdiff import diff_environments
+    from reprobisect.runners.environment import collect_environment
+
+    monkeypatch.setenv("REPROBISECT_PROBE_PLACEMENT", "spread")
+    monkeypatch.setenv("REPROBISECT_PROBE_NODE", "node-a")
+    a = collect_environment()
+    assert a["probe"] == {"node": "node-a", "placement": "spread"}
+    monkeypatch.setenv("REPROBISECT_PROBE_NODE", "node-b")
+    changes = diff_environments(a, collect_environment())
+    assert [(c.path, c.category) for c in changes] == [("probe.node", "info")]

@@ -78,7 +78,8 @@ def _make_runner():
                 a = np.full((4096,), value + step, dtype=np.float32)
                 w.record(record_array("w", "param", a), a if step in spec.full_steps else None)
                 w.end_step({"loss": value})
-        info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "side": _os.environ.get("RB_SIDE"), "t0": t0, "t1": _time.time()}
+        info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "side": _os.environ.get("RB_SIDE"), "t0": t0, "t1": _time.time(),
+                "probe_env": {k: v for k, v in spec.env.items() if k.startswith("REPROBISECT_PROBE_")}}
         return ProbeResult(spec=spec, outcome=Outcome("ok"), trace_dir=str(trace_dir), stdout_tail=_json.dumps(info))
 
     return runner
@@ -261,6 +262,12 @@ def test_repro_and_envs_pairs_follow_the_placement_option(cluster, tmp_path):
         ra, rb = (f.result(timeout=120) for f in submit_all(ex, [_spec("sa", workdir=work), _spec("sb", workdir=work)]))
         assert ra.outcome.status == rb.outcome.status == "ok"
         assert ra.placement == rb.placement == "spread" and ra.node_id != rb.node_id
+        # what the launcher's environment record will see (group "probe" of the trace)
+        for r in (ra, rb):
+            probe_env = _info(r)["probe_env"]
+            assert probe_env["REPROBISECT_PROBE_PLACEMENT"] == "spread"
+            assert probe_env["REPROBISECT_PROBE_NODE"] == r.node_id
+            assert probe_env["REPROBISECT_PROBE_DEVICE"] in ("cpu", "GPU")
 
 
 def test_unsatisfiable_placement_fails_fast_with_a_clear_message(cluster, tmp_path):

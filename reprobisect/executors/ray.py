@@ -222,6 +222,12 @@ def _probe_task(
     """Runs on a Ray worker: unpack the code, run the probe, return the small part of the trace."""
     import ray
 
+    gpu_ids, device = _device_info()
+    spec = replace(spec, env={  # where it ran reaches the trace's environment record (group "probe")
+        **spec.env,
+        "REPROBISECT_PROBE_NODE": ray.get_runtime_context().get_node_id(),
+        "REPROBISECT_PROBE_DEVICE": device,
+    })
     root = _worker_root(session)
     root.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:10]
@@ -518,7 +524,9 @@ class RayExecutor:
             raise UsageError(f"unknown placement '{placement}'; use pack or spread")
         envs = [e or self.runtime_env for e in runtime_envs]
         futs: list[Future] = [Future(), Future()]
-        self._enqueue(_Job([self._with_timeout(spec_a), self._with_timeout(spec_b)], futs, envs, placement))
+        # the placement reaches each trace's environment record (group "probe")
+        specs = [replace(s, env={**s.env, "REPROBISECT_PROBE_PLACEMENT": placement}) for s in (spec_a, spec_b)]
+        self._enqueue(_Job([self._with_timeout(s) for s in specs], futs, envs, placement))
         return futs[0], futs[1]
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ diff reads well (``reprobisect.envdiff``):
                  enabled, TF32 (old flags, float32 matmul precision, new fp32_precision)
 ``tensorflow``   op determinism, devices, Keras version and backend (only when imported)
 ``env_vars``     variables that change numerics (set ones only; absent = unset)
+``probe``        where the executor placed this probe (``REPROBISECT_PROBE_*``: Ray node,
+                 device type, pair placement); information, not numerics
 ``git``          revision + dirty flag of the repository around the cwd (null outside git)
 ``host``         host name, platform, machine, CPU model, CPU count
 ``data``         DVC hashes from dvc.lock and ``*.dvc`` files in the repository root
@@ -305,6 +307,12 @@ def _env_vars() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def _probe_vars() -> dict[str, str]:
+    """Where the executor placed this probe (``REPROBISECT_PROBE_*``: Ray node, device, pairing)."""
+    prefix = "REPROBISECT_PROBE_"
+    return {k[len(prefix):].lower(): v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}
+
+
 def _run_git(args: list[str], cwd: str) -> str | None:
     try:
         r = subprocess.run(
@@ -412,6 +420,7 @@ def collect_environment(extra: dict | None = None) -> dict[str, Any]:
         "python": _python(),
         "packages": _packages(),
         "env_vars": _env_vars(),
+        "probe": _probe_vars(),
     }
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "backends"):
