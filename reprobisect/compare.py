@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from reprobisect.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace.format import Record, Step, tensor_key
 from reprobisect.trace.reader import Trace, read_trace
@@ -40,14 +41,12 @@ __all__ = [
     "Tolerance",
     "TensorDiff",
     "Divergence",
-    "EnvDifference",
     "StepSummary",
     "Comparison",
     "choose_tolerance",
     "compare_records",
     "compare_traces",
     "compare_paths",
-    "diff_environment",
 ]
 
 VERDICTS = ("identical", "close", "diverged", "missing", "shape", "dtype")
@@ -190,54 +189,6 @@ def _is_float(dtype: str) -> bool:
 # environment
 
 
-@dataclass(frozen=True)
-class EnvDifference:
-    """One environment key that differs: ``changed``, or ``added``/``removed`` going from A to B."""
-
-    key: str
-    change: str
-    a: Any = None
-    b: Any = None
-    info: bool = False  # where/how it was launched (host, cwd, paths), not numerics
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "change": self.change, "a": self.a, "b": self.b, "info": self.info}
-
-
-_MISSING = object()
-
-
-def _is_info(key: str) -> bool:
-    """Launch information (host, cwd, interpreter path, import paths): ``reprobisect.envdiff``'s split."""
-    from reprobisect.envdiff import category_of
-
-    return category_of(key) == "info"
-
-
-def diff_environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[EnvDifference]:
-    """Walk two environment records recursively; every changed, added or removed key, A to B.
-
-    Numerics-relevant differences come first, launch information (host, cwd, paths; the
-    split of ``reprobisect.envdiff``) last; within each group in the order of the records.
-    """
-    out: list[EnvDifference] = []
-
-    def walk(x: Any, y: Any, prefix: str) -> None:
-        if isinstance(x, Mapping) and isinstance(y, Mapping):
-            for k in list(x) + [k for k in y if k not in x]:
-                walk(x.get(k, _MISSING), y.get(k, _MISSING), f"{prefix}.{k}" if prefix else str(k))
-            return
-        if x is _MISSING:
-            out.append(EnvDifference(prefix, "added", None, y, _is_info(prefix)))
-        elif y is _MISSING:
-            out.append(EnvDifference(prefix, "removed", x, None, _is_info(prefix)))
-        elif x != y or type(x) is not type(y) and not (isinstance(x, (int, float)) and isinstance(y, (int, float))):
-            out.append(EnvDifference(prefix, "changed", x, y, _is_info(prefix)))
-
-    walk(dict(a or {}), dict(b or {}), "")
-    return [d for d in out if not d.info] + [d for d in out if d.info]
-
-
 def choose_tolerance(a: Trace, b: Trace) -> tuple[Tolerance, str]:
     """The policy ``auto`` resolves to for these two traces, and why.
 
@@ -246,7 +197,7 @@ def choose_tolerance(a: Trace, b: Trace) -> tuple[Tolerance, str]:
     differs): then any bit difference is a real nondeterminism or code change. Otherwise ``default``: a
     different device, library or flag legitimately changes rounding.
     """
-    diffs = [d for d in diff_environment(a.manifest.environment, b.manifest.environment)
+    diffs = [d for d in diff_environments(a.manifest.environment, b.manifest.environment)
              if not d.info and not (d.key + ".").startswith(_REVISION_PREFIXES)]
     if not diffs:
         return Tolerance(mode="bitwise"), "both traces share device and environment"
@@ -563,7 +514,7 @@ class Comparison:
     b: str
     tolerance: Tolerance
     tolerance_reason: str
-    env: tuple[EnvDifference, ...]
+    env: tuple[EnvChange, ...]
     steps_a: tuple[int, ...]
     steps_b: tuple[int, ...]
     steps_compared: int
@@ -674,7 +625,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         tolerance = Tolerance(mode=chosen.mode, overrides=tolerance.overrides if tolerance else ())
     else:
         reason = "as requested"
-    env = tuple(diff_environment(a.manifest.environment, b.manifest.environment))
+    env = tuple(diff_environments(a.manifest.environment, b.manifest.environment))
     steps_a = tuple(s.step for s in a.steps)
     steps_b = tuple(s.step for s in b.steps)
     common = sorted(set(steps_a) & set(steps_b))

@@ -62,6 +62,22 @@ class EnvChange:
     def numerics(self) -> bool:
         return self.category == "numerics"
 
+    @property
+    def info(self) -> bool:
+        """Launch context (host, cwd, paths, placement), not something that changes numerics."""
+        return self.category == "info"
+
+    @property
+    def key(self) -> str:
+        return self.path
+
+    @property
+    def change(self) -> str:
+        """``added`` / ``removed`` going from a to b, else ``changed``."""
+        if self.a is ABSENT:
+            return "added"
+        return "removed" if self.b is ABSENT else "changed"
+
     def __str__(self) -> str:
         return f"{self.path}: {_show(self.a)} -> {_show(self.b)}"
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reprobisect.compare import Comparison, Divergence, EnvDifference, TensorDiff
+from reprobisect.compare import Comparison, Divergence, TensorDiff
+from reprobisect.envdiff import EnvChange
 
 __all__ = ["render_comparison", "render_divergence", "render_env", "format_number"]
 
@@ -39,7 +40,7 @@ def _short(v: Any) -> str:
     return s if len(s) <= _VALUE_WIDTH else s[: _VALUE_WIDTH - 1] + "…"
 
 
-def render_env(env: tuple[EnvDifference, ...] | list[EnvDifference]) -> list[str]:
+def render_env(env: tuple[EnvChange, ...] | list[EnvChange]) -> list[str]:
     if not env:
         return ["environment: no differences"]
     numerics = [d for d in env if not d.info]

@@ -18,8 +18,8 @@ from reprobisect.compare import (
     choose_tolerance,
     compare_paths,
     compare_traces,
-    diff_environment,
 )
+from reprobisect.envdiff import diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace import TraceWriter, fingerprint, read_trace, record_array
 
@@ -384,14 +384,14 @@ def test_environment_differences_walk_nested_keys():
     a = {"device": "cpu", "packages": {"torch": {"version": "2.12"}}, "env_vars": {"OMP_NUM_THREADS": "1"}, "cwd": "/x"}
     b = {"device": "cpu", "packages": {"torch": {"version": "2.13"}}, "env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
          "cwd": "/y"}
-    d = {x.key: x for x in diff_environment(a, b)}
+    d = {x.key: x for x in diff_environments(a, b)}
     assert (d["packages.torch.version"].change, d["packages.torch.version"].a, d["packages.torch.version"].b) == (
         "changed", "2.12", "2.13")
     assert d["env_vars.OMP_NUM_THREADS"].change == "removed"
     assert d["env_vars.CUBLAS_WORKSPACE_CONFIG"].change == "added"
     assert d["cwd"].info and not d["packages.torch.version"].info
-    assert [x.key for x in diff_environment(a, b)][-1] == "cwd"  # launch info last
-    assert diff_environment(a, dict(a)) == []
+    assert [x.key for x in diff_environments(a, b)][-1] == "cwd"  # launch info last
+    assert diff_environments(a, dict(a)) == []
 
 
 def test_environment_is_printed_first(tmp_path):
