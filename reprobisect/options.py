@@ -277,7 +277,9 @@ def split_command(args: tuple[str, ...] | list[str]) -> list[str]:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        raise UsageError("give the training command after --, e.g. bisect repro -- python train.py")
+        ctx = click.get_current_context(silent=True)
+        name = ctx.info_name if ctx is not None and ctx.info_name else "repro"
+        raise UsageError(f"give the training command after --, e.g. bisect {name} ... -- python train.py")
     return argv
 
 
