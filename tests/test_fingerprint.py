@@ -275,3 +275,28 @@ def test_fingerprint_values_are_stable(name):
     assert fingerprint(a) == want
     t = torch.from_numpy(np.asarray(a).view(np.int16)).view(torch.bfloat16) if name == "arange_bf16" else torch.from_numpy(np.asarray(a))
     assert ft.fingerprint(t) == want
+
+
+@pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[1], PAIRS[2]], ids=_id)
+def test_fused_cpu_walk_equals_the_separate_paths(tdtype, ndtype):
+    """Large CPU floats take one walk for fingerprint and stats: same fingerprint as NumPy,
+    stats within the documented rounding, at block edges and with a partial last row."""
+    block_values = ft._BLOCK_ROWS["cpu"] * ROW * 4 // torch.tensor([], dtype=tdtype).element_size()
+    for n in (ft._STATS_BLOCK + 1, 2 * block_values, 2 * block_values + 1, 3 * block_values + ROW + 5):
+        t = _torch_tensor(tdtype, (n,), seed=n)
+        assert ft._fused_ok(t)
+        fp, s = ft.fingerprint_and_stats(t)
+        a = _to_numpy(t, ndtype)
+        assert fp == fingerprint(a) == ft.fingerprint(t), n
+        want = stats(a)
+        for k in ("norm", "min", "max", "mean"):
+            assert s[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (n, k)
+
+
+def test_finish_many_equals_finish_one_by_one():
+    ts = [torch.randn(5), torch.randn(3 * ROW + 1), torch.randn(2 * ft._STATS_BLOCK + 3).to(torch.bfloat16),
+          torch.tensor([1.0, float("nan"), float("inf")]), torch.arange(7), torch.zeros(0)]
+    pend = [ft.begin(t) for t in ts] + [ft.begin(ts[1], with_stats=False)]
+    srcs = ts + [ts[1]]
+    assert ft.finish_many(list(zip(pend, srcs))) == [ft.finish(p, source=t) for p, t in zip(pend, srcs)]
+    assert ft.finish_many([]) == []

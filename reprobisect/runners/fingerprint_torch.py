@@ -1,9 +1,13 @@
 """Exact-bit fingerprints and stats for torch tensors, computed on the tensor's device.
 
 Same algorithm and same values as ``reprobisect.trace.fingerprint`` (see its docstring);
-only the per-row sums and six statistics leave the device. ``begin`` queues the device
-work without synchronising, ``finish`` brings the small results to the host, so a
-recorder can fingerprint a whole step and synchronise once.
+only the per-row sums and four statistics leave the device. ``begin`` queues the device
+work without synchronising, ``finish_many`` brings the small results of a whole step to
+the host in one transfer per device (``finish`` does one), so a recorder synchronises once
+per step. NaN/Inf are counted only for a tensor whose sum is not finite.
+
+Large float32/bfloat16/float16 tensors on CPU with stats take one walk (``_fused_cpu``):
+fingerprint and stats of each cache-sized block while it is in cache, no op forking threads.
 
 Speed (CPU): each block of rows is widened once into an int64 scratch that stays in
 cache (``copy_``) and reduced against the weights with one int64 ``mv`` (an exact
@@ -30,7 +34,7 @@ import torch
 
 from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
 
-__all__ = ["Pending", "begin", "enable_compile", "finish", "fingerprint", "fingerprint_and_stats"]
+__all__ = ["Pending", "begin", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
 _BLOCK_ROWS = {"cpu": 8}  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
@@ -141,7 +145,7 @@ class Pending:
     shape: tuple[int, ...]
     nbytes: int
     row_sums: torch.Tensor
-    stats: torch.Tensor | None  # [sum, sumsq, min, max] in float64, on device
+    stats: torch.Tensor | None  # [sum, norm, min, max] in float64, on device
     numel: int
 
 
@@ -213,17 +217,100 @@ def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
+_FUSED_BLOCK_ROWS = 8  # see _fused_cpu: at ATen's grain size, no op forks threads
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float8 cannot be promoted by sum/norm
+
+
+def _fused_ok(t: torch.Tensor) -> bool:
+    """float32/bfloat16/float16 on CPU, large enough to block: fingerprint and stats in one walk."""
+    return (
+        t.device.type == "cpu"
+        and t.dtype in _FUSED_DTYPES
+        and t.numel() > _STATS_BLOCK
+        and (_compile_min_bytes is None or t.numel() * t.element_size() < _compile_min_bytes)
+    )
+
+
+def _fused_cpu(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row sums and ``[sum, norm, min, max]`` of a CPU float tensor in one walk over its blocks.
+
+    Each block (``_FUSED_BLOCK_ROWS`` rows of lanes: 32768 float32 values, 256 KiB of
+    int64 scratch) is read once from memory: widened and reduced for the fingerprint (as
+    ``_eager_row_sums``: bit-identical row sums), then, while it is still in cache, summed
+    in float32 (torch's cascade summation), normed per row of ``ROW`` values in float32
+    and min/maxed; the partial figures are combined in float64 (relative error below
+    ~1e-6 against NumPy's float64 stats; the same bits give the same stats, whatever the
+    machine's load). Per-row (``dim=1``) sums and aminmax are avoided: on CPU they cost
+    several times the whole-block kernels (the per-row norm does not, and is more accurate
+    than a block's). Every op stays at ATen's grain size, so nothing forks threads.
+    Measured on the example models' tensors (``scripts/bench/bench_recorder.py --cost``,
+    2 cores): on a loaded machine the whole-tensor stats ops (one fork-join each, waiting
+    for the slowest thread) cost 3-6x the fingerprint; this walk is several times cheaper
+    there, and ~10-15% dearer than them on an idle machine (single-threaded). Larger
+    blocks (32 rows) win ~7% idle but fork per op and lose badly under load.
+    """
+    x = t.contiguous().reshape(-1)
+    lanes = _lanes(x)
+    w = _device_weights(lanes.device)
+    per = 4 // x.element_size()  # values per lane
+    n = lanes.numel()
+    full = n // ROW
+    block = _FUSED_BLOCK_ROWS
+    nb = -(-full // block)
+    out = torch.empty(full, dtype=torch.int64)
+    fs = torch.empty(nb, dtype=torch.float32)  # per block: sum
+    fn = torch.empty(full * per, dtype=torch.float32)  # per row of ROW values: norm
+    mm = torch.empty(2, nb, dtype=x.dtype)  # per block: min, max
+    buf = torch.empty(min(block, full), ROW, dtype=torch.int64)
+    grid = lanes[: full * ROW].view(full, ROW)
+    vals = x[: full * ROW * per]
+    vblock = block * ROW * per
+    for q, i in enumerate(range(0, full, block)):
+        k = min(block, full - i)
+        b = buf[:k]
+        b.copy_(grid[i : i + k])
+        torch.mv(b, w, out=out[i : i + k])
+        vb = vals[q * vblock : q * vblock + k * ROW * per]
+        torch.sum(vb, 0, dtype=torch.float32, out=fs[q])
+        torch.linalg.vector_norm(vb.view(-1, ROW), 2, dim=1, dtype=torch.float32, out=fn[i * per : (i + k) * per])
+        torch.aminmax(vb, out=(mm[0, q], mm[1, q]))
+    rem = n - full * ROW
+    sums = out
+    if rem:
+        tail_sum = (lanes[full * ROW :].to(torch.int64) * w[:rem]).sum().reshape(1)
+        sums = torch.cat([out, tail_sum])
+    s = fs.to(torch.float64).sum()
+    sq = fn.to(torch.float64).square().sum()
+    lo, hi = mm[0].min(), mm[1].max()
+    tail = x[full * ROW * per :]
+    if tail.numel():
+        s = s + torch.sum(tail, dtype=torch.float64)
+        sq = sq + torch.linalg.vector_norm(tail, dtype=torch.float64).square()
+        tmn, tmx = torch.aminmax(tail)
+        lo, hi = torch.minimum(lo, tmn), torch.maximum(hi, tmx)
+    st = torch.stack([s, sq.sqrt(), lo.to(torch.float64), hi.to(torch.float64)])
+    # CPU only, so reading these four numbers is no device sync
+    s_, n_, lo_, hi_ = st.tolist()
+    if not (math.isfinite(s_) and math.isfinite(n_)) and math.isfinite(lo_) and math.isfinite(hi_):
+        st = _stats_blocked(x)  # finite values whose float32 block sums overflowed: redo in float64
+    return sums, st
+
+
 def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
     """Queue the fingerprint (and stats) of ``t`` on its own device; no host sync."""
     t = t.detach()
-    sums = _row_sums(_lanes(t))
     nbytes = t.numel() * t.element_size()
+    if with_stats and _fused_ok(t):
+        sums, st = _fused_cpu(t)
+    else:
+        sums = _row_sums(_lanes(t))
+        st = _stats_tensor(t) if with_stats else None
     return Pending(
         dtype=dtype_name(t.dtype),
         shape=tuple(t.shape),
         nbytes=nbytes,
         row_sums=sums,
-        stats=_stats_tensor(t) if with_stats else None,
+        stats=st,
         numel=t.numel(),
     )
 
@@ -240,12 +327,52 @@ def finish(p: Pending, source: torch.Tensor | None = None) -> tuple[str, dict[st
     NaN and Inf are counted only when the sum is not finite (a clean tensor costs no
     extra pass); that needs ``source``, the tensor itself, still alive.
     """
-    fp = finish_fingerprint(p.dtype, p.shape, p.nbytes, p.row_sums.cpu().numpy())
-    if p.stats is None:
+    return finish_many([(p, source)])[0]
+
+
+def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[str, dict[str, Any] | None]]:
+    """``finish`` for many pendings, with one host transfer per accelerator device.
+
+    The row sums and stats of every pending on one device are concatenated there and
+    copied once (one synchronisation), instead of two copies per tensor. CPU pendings
+    are read in place. Same values as ``finish`` one by one.
+    """
+    host: list[tuple[np.ndarray, list[float] | None]] = [None] * len(items)  # type: ignore[list-item]
+    by_device: dict[torch.device, list[int]] = {}
+    for k, (p, _) in enumerate(items):
+        if p.row_sums.device.type == "cpu":
+            host[k] = (p.row_sums.numpy(), p.stats.tolist() if p.stats is not None else None)
+        else:
+            by_device.setdefault(p.row_sums.device, []).append(k)
+    for ks in by_device.values():
+        parts = []
+        for k in ks:
+            p = items[k][0]
+            parts.append(p.row_sums)
+            if p.stats is not None:
+                parts.append(p.stats.view(torch.int64))
+        flat = torch.cat(parts).cpu().numpy()
+        at = 0
+        for k in ks:
+            p = items[k][0]
+            n = p.row_sums.numel()
+            sums = flat[at : at + n]
+            at += n
+            st = None
+            if p.stats is not None:
+                st = flat[at : at + 4].view(np.float64).tolist()
+                at += 4
+            host[k] = (sums, st)
+    return [_finish_host(p, *host[k], source) for k, (p, source) in enumerate(items)]
+
+
+def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, source: torch.Tensor | None) -> tuple[str, dict[str, Any] | None]:
+    fp = finish_fingerprint(p.dtype, p.shape, p.nbytes, row_sums)
+    if st is None:
         if p.numel == 0:
             return fp, {"norm": 0.0, "min": "nan", "max": "nan", "mean": "nan", "nan": 0, "inf": 0}
         return fp, None
-    s, norm, mn, mx = p.stats.cpu().tolist()
+    s, norm, mn, mx = st
     nan = inf = 0
     if not math.isfinite(s) and source is not None:
         d = source.detach()

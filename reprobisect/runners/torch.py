@@ -649,36 +649,43 @@ class TorchRecorder:
         t_end = time.perf_counter()
         t_fin = time.perf_counter()
         records: list[tuple[_Entry, Record]] = []
-        done_pending: dict[int, tuple[str, dict | None]] = {}
+        # every distinct pending of the step, finished together: one host transfer per device
+        todo: dict[int, tuple[fpt.Pending, torch.Tensor | None]] = {}
+        for e in self._entries:
+            if e.pending is not None and id(e.pending) not in todo:
+                todo[id(e.pending)] = (e.pending, e.source)
+        for e in self._entries:
+            for q in e.inputs or ():
+                todo.setdefault(id(q), (q, None))
+        for q in self._pre_clip:
+            if not isinstance(q, torch.Tensor):
+                todo.setdefault(id(q), (q, None))
+        done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
         for e in self._entries:
             if e.record is not None:
                 records.append((e, e.record))
                 continue
             p = e.pending
             assert p is not None
-            if id(p) not in done_pending:
-                done_pending[id(p)] = fpt.finish(p, source=e.source)
             f, st = done_pending[id(p)]
             ins = None
             if e.inputs is not None:
-                ins_l = []
-                for q in e.inputs:
-                    if id(q) not in done_pending:
-                        done_pending[id(q)] = fpt.finish(q)
-                    ins_l.append(done_pending[id(q)][0])
-                ins = tuple(ins_l)
+                ins = tuple(done_pending[id(q)][0] for q in e.inputs)
             rec = Record(
                 name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
             )
             records.append((e, rec))
         records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
         sq = 0.0
+        norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # stats off: norm tensors
+        if norms and len({q.device for q in norms}) == 1:  # one host transfer, the same floats
+            norm_values = iter(torch.stack([q.to(torch.float64) for q in norms]).tolist())
+        else:
+            norm_values = iter([float(q) for q in norms])
         for q in self._pre_clip:
             if isinstance(q, torch.Tensor):
-                sq += float(q) ** 2
+                sq += next(norm_values) ** 2
                 continue
-            if id(q) not in done_pending:
-                done_pending[id(q)] = fpt.finish(q)
             st = done_pending[id(q)][1]
             sq += stat_value(st["norm"]) ** 2 if st else 0.0
         if self._pre_clip:

@@ -1,6 +1,7 @@
 """Step time of the PyTorch recorder vs plain training, with detect_anomaly as the peer.
 
     python scripts/bench/bench_recorder.py [--rounds 5] [--steps 6] [--quick] [--json]
+    python scripts/bench/bench_recorder.py --cost [--rounds 7]
 
 In one process, after warm-up, on the example MLP (4 x 1024, batch 256) and transformer
 (4 layers, d 256, seq 128): each round runs ``--steps`` training steps in each mode,
@@ -18,6 +19,13 @@ Modes:
 - ``anomaly``: the same step under ``torch.autograd.detect_anomaly()``.
 
 Targets (issue 3): record <= 1.10x plain on the transformer, <= 1.25x on the MLP.
+
+``--cost`` isolates the fingerprint/stats work, which a shared machine's noise swamps in
+whole steps: it keeps (clones of) every tensor one recorded step fingerprints, then
+interleaves, round by round, a plain step with ``begin`` + ``finish_many`` over those
+tensors by each path: ``fused`` (the CPU one-walk fingerprint + stats), ``separate``
+(fingerprint pass, then stats passes, as before the fused walk) and ``fp_only``. Printed:
+median ms per step, and ``1 + cost / plain`` as the ratio that work alone adds.
 """
 
 from __future__ import annotations
@@ -121,6 +129,54 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
     }
 
 
+def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
+    from reprobisect.runners import fingerprint_torch as fpt
+
+    step, data = build(name, quick)
+    run_steps(step, data, 2)
+    writer = TraceWriter(tmp / f"{name}-cost", command=["bench"], policy={})
+    rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=True)).install()
+    kept: list[torch.Tensor] = []
+    end_step = rec._end_step
+
+    def keep(opt):
+        kept.extend(e.source.clone() for e in rec._entries if e.source is not None)
+        end_step(opt)
+
+    try:
+        run_steps(step, data, 1)  # learns names and hooks
+        rec._end_step = keep
+        run_steps(step, data, 1)
+    finally:
+        rec.remove()
+        writer.close()
+    fused_ok = fpt._fused_ok
+
+    def work(stats: bool, fused: bool) -> float:
+        fpt._fused_ok = fused_ok if fused else (lambda t: False)
+        try:
+            t0 = time.perf_counter()
+            fpt.finish_many([(fpt.begin(t, with_stats=stats), t) for t in kept])
+            return time.perf_counter() - t0
+        finally:
+            fpt._fused_ok = fused_ok
+
+    times: dict[str, list[float]] = {"plain": [], "fused": [], "separate": [], "fp_only": []}
+    for _ in range(rounds):
+        times["plain"] += run_steps(step, data, 1)
+        times["fused"].append(work(True, True))
+        times["separate"].append(work(True, False))
+        times["fp_only"].append(work(False, False))
+    med = {m: statistics.median(v) for m, v in times.items()}
+    return {
+        "model": name,
+        "tensors": len(kept),
+        "elements": sum(t.numel() for t in kept),
+        "median_s": {m: round(v, 5) for m, v in med.items()},
+        "ratio": {m: round(1 + v / med["plain"], 3) for m, v in med.items() if m != "plain"},
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
@@ -128,7 +184,20 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller models (a smoke run, not the figures)")
     p.add_argument("--models", default="transformer,mlp")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cost", action="store_true", help="time only the fingerprint/stats work of one step's tensors, by path")
     args = p.parse_args(argv)
+    if args.cost:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = [cost(n, max(args.rounds, 5), args.quick, Path(tmp)) for n in args.models.split(",")]
+        if args.json:
+            print(json.dumps({"threads": torch.get_num_threads(), "results": res}, indent=1))
+            return 0
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fingerprint/stats work of one step, medians")
+        for r in res:
+            m, x = r["median_s"], r["ratio"]
+            print(f"{r['model']:<12}{r['tensors']} tensors, {r['elements'] / 1e6:.1f}M elements: plain step {m['plain'] * 1e3:.1f} ms; "
+                  + ", ".join(f"{k} {m[k] * 1e3:.1f} ms ({x[k]:.3f}x)" for k in ("fused", "separate", "fp_only")))
+        return 0
     import warnings
 
     warnings.filterwarnings("ignore", message=".*Anomaly Detection.*")
