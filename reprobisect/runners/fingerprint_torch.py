@@ -217,14 +217,16 @@ def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
-_FUSED_BLOCK_ROWS = 8  # see _fused_cpu: at ATen's grain size, no op forks threads
+# rows of lanes per block of the one-walk CPU path (see _fused_cpu); 0 turns it off
+_FUSED_BLOCK_ROWS = int(os.environ.get("REPROBISECT_FP_FUSED_ROWS", "8") or 0)
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float8 cannot be promoted by sum/norm
 
 
 def _fused_ok(t: torch.Tensor) -> bool:
     """float32/bfloat16/float16 on CPU, large enough to block: fingerprint and stats in one walk."""
     return (
-        t.device.type == "cpu"
+        _FUSED_BLOCK_ROWS > 0
+        and t.device.type == "cpu"
         and t.dtype in _FUSED_DTYPES
         and t.numel() > _STATS_BLOCK
         and (_compile_min_bytes is None or t.numel() * t.element_size() < _compile_min_bytes)

@@ -6,7 +6,8 @@
 In one process, after warm-up, on the example MLP (4 x 1024, batch 256) and transformer
 (4 layers, d 256, seq 128): each round runs ``--steps`` training steps in each mode,
 interleaved (the order rotating each round) so that machine noise hits every mode
-alike; the figure per mode is the median step time, and ratios are against plain in
+alike, every mode from the same saved model/optimizer/RNG state on the same batches
+(the MLP's plain step time moves 10x between steps once subnormal floats appear); the figure per mode is the median step time, and ratios are against plain in
 the same run (wall time, and process CPU time, which a shared machine disturbs less).
 Modes:
 
@@ -31,6 +32,7 @@ median ms per step, and ``1 + cost / plain`` as the ratio that work alone adds.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -67,6 +69,8 @@ def build(name: str, quick: bool):
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
+
+        stateful = [model, opt]
     else:
         a = tf_example.parse(["--layers", "4", "--d-model", "256", "--seq", "128", "--batch-size", "16",
                               "--vocab", "256", "--samples", "256"] + (["--layers", "1"] if quick else []))
@@ -79,7 +83,21 @@ def build(name: str, quick: bool):
             opt.step()
             sched.step()
 
-    return step, _cycle(loader)
+        stateful = [model, opt, sched]
+    return step, _cycle(loader), stateful
+
+
+def snapshot(stateful: list):
+    """A ``reset()`` that puts model, optimizer (and scheduler) and the RNG back to now."""
+    saved = [copy.deepcopy(o.state_dict()) for o in stateful]
+    rng = torch.get_rng_state()
+
+    def reset() -> None:
+        for o, st in zip(stateful, saved):
+            o.load_state_dict(copy.deepcopy(st))
+        torch.set_rng_state(rng)
+
+    return reset
 
 
 def run_steps(step, data, n: int, cpu: list[float] | None = None) -> list[float]:
@@ -95,27 +113,35 @@ def run_steps(step, data, n: int, cpu: list[float] | None = None) -> list[float]
 
 
 def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
-    step, data = build(name, quick)
+    step, data, stateful = build(name, quick)
     run_steps(step, data, 3)  # warm-up
+    # every mode runs the same steps from the same state: the MLP's step time moves 10x
+    # from step to step once subnormal floats appear (after its first epoch here), so modes
+    # timed on different steps are not comparable
+    batches = [next(data) for _ in range(steps + 1)]
+    reset = snapshot(stateful)
     times: dict[str, list[float]] = {"plain": [], "record": [], "fp_only": [], "anomaly": []}
     cpu: dict[str, list[float]] = {m: [] for m in times}
     modes = list(times)
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate: no mode always first
+            reset()
             if mode in ("record", "fp_only"):
                 writer = TraceWriter(tmp / f"{name}-{mode}-{r}", command=["bench"], policy={})
                 rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=mode == "record")).install()
-                run_steps(step, data, 1)  # the recorder's first step learns names and hooks
+                run_steps(step, iter(batches), 1)  # the recorder's first step learns names and hooks
                 try:
-                    times[mode] += run_steps(step, data, steps, cpu[mode])
+                    times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
                 finally:
                     rec.remove()
                     writer.close()
             elif mode == "anomaly":
+                run_steps(step, iter(batches), 1)
                 with torch.autograd.detect_anomaly(check_nan=True):
-                    times[mode] += run_steps(step, data, steps, cpu[mode])
+                    times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
             else:
-                times[mode] += run_steps(step, data, steps, cpu[mode])
+                run_steps(step, iter(batches), 1)
+                times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
     med = {m: statistics.median(v) for m, v in times.items()}
     cmed = {m: statistics.median(v) for m, v in cpu.items()}
     return {
@@ -132,7 +158,7 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
 def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
     from reprobisect.runners import fingerprint_torch as fpt
 
-    step, data = build(name, quick)
+    step, data, _ = build(name, quick)
     run_steps(step, data, 2)
     writer = TraceWriter(tmp / f"{name}-cost", command=["bench"], policy={})
     rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=True)).install()
