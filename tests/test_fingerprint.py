@@ -278,10 +278,11 @@ def test_fingerprint_values_are_stable(name):
 
 
 @pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[1], PAIRS[2]], ids=_id)
-def test_fused_cpu_walk_equals_the_separate_paths(tdtype, ndtype):
-    """Large CPU floats take one walk for fingerprint and stats: same fingerprint as NumPy,
-    stats within the documented rounding, at block edges and with a partial last row."""
-    block_values = ft._BLOCK_ROWS["cpu"] * ROW * 4 // torch.tensor([], dtype=tdtype).element_size()
+def test_fused_cpu_walk_equals_the_separate_paths(tdtype, ndtype, monkeypatch):
+    """Opted in, large CPU floats take one walk for fingerprint and stats: same fingerprint
+    as NumPy, stats within the documented rounding, at block edges and with a partial last row."""
+    monkeypatch.setattr(ft, "_FUSED_BLOCK_ROWS", 8)
+    block_values = ft._FUSED_BLOCK_ROWS * ROW * 4 // torch.tensor([], dtype=tdtype).element_size()
     for n in (ft._STATS_BLOCK + 1, 2 * block_values, 2 * block_values + 1, 3 * block_values + ROW + 5):
         t = _torch_tensor(tdtype, (n,), seed=n)
         assert ft._fused_ok(t)
@@ -291,9 +292,18 @@ def test_fused_cpu_walk_equals_the_separate_paths(tdtype, ndtype):
         want = stats(a)
         for k in ("norm", "min", "max", "mean"):
             assert s[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (n, k)
+    if tdtype == torch.float32:  # float32 block sums overflow on finite values: float64 redo
+        n = 3 * block_values + 5
+        _, sb = ft.fingerprint_and_stats(torch.full((n,), 3e38))
+        assert sb["mean"] == pytest.approx(3e38, rel=1e-6) and sb["norm"] == pytest.approx(3e38 * math.sqrt(n), rel=1e-6)
+        u = _torch_tensor(tdtype, (n,), seed=1)
+        u[5], u[-1] = float("nan"), float("-inf")
+        assert ft.fingerprint_and_stats(u)[1]["nan"] == 1 and ft.fingerprint_and_stats(u)[1]["inf"] == 1
 
 
-def test_finish_many_equals_finish_one_by_one():
+@pytest.mark.parametrize("fused_rows", [0, 8])
+def test_finish_many_equals_finish_one_by_one(fused_rows, monkeypatch):
+    monkeypatch.setattr(ft, "_FUSED_BLOCK_ROWS", fused_rows)
     ts = [torch.randn(5), torch.randn(3 * ROW + 1), torch.randn(2 * ft._STATS_BLOCK + 3).to(torch.bfloat16),
           torch.tensor([1.0, float("nan"), float("inf")]), torch.arange(7), torch.zeros(0)]
     pend = [ft.begin(t) for t in ts] + [ft.begin(ts[1], with_stats=False)]

@@ -6,8 +6,10 @@ work without synchronising, ``finish_many`` brings the small results of a whole 
 the host in one transfer per device (``finish`` does one), so a recorder synchronises once
 per step. NaN/Inf are counted only for a tensor whose sum is not finite.
 
-Large float32/bfloat16/float16 tensors on CPU with stats take one walk (``_fused_cpu``):
-fingerprint and stats of each cache-sized block while it is in cache, no op forking threads.
+Opt-in (``REPROBISECT_FP_FUSED_ROWS=8``): large float32/bfloat16/float16 CPU tensors with
+stats take one walk (``_fused_cpu``), fingerprint and stats of each cache-sized block while
+it is in cache, no op forking threads: much cheaper on a machine loaded by other work,
+~10-20% dearer on an idle one, hence off by default.
 
 Speed (CPU): each block of rows is widened once into an int64 scratch that stays in
 cache (``copy_``) and reduced against the weights with one int64 ``mv`` (an exact
@@ -217,8 +219,9 @@ def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
-# rows of lanes per block of the one-walk CPU path (see _fused_cpu); 0 turns it off
-_FUSED_BLOCK_ROWS = int(os.environ.get("REPROBISECT_FP_FUSED_ROWS", "8") or 0)
+# rows of lanes per block of the one-walk CPU path (see _fused_cpu); 0 (the default) turns
+# it off: on an idle machine it is slower than the separate passes, see _fused_cpu
+_FUSED_BLOCK_ROWS = int(os.environ.get("REPROBISECT_FP_FUSED_ROWS", "0") or 0)
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float8 cannot be promoted by sum/norm
 
 
@@ -248,8 +251,9 @@ def _fused_cpu(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Measured on the example models' tensors (``scripts/bench/bench_recorder.py --cost``,
     2 cores): on a loaded machine the whole-tensor stats ops (one fork-join each, waiting
     for the slowest thread) cost 3-6x the fingerprint; this walk is several times cheaper
-    there, and ~10-15% dearer than them on an idle machine (single-threaded). Larger
-    blocks (32 rows) win ~7% idle but fork per op and lose badly under load.
+    there, and ~10-20% dearer than them on an idle machine (single-threaded; whole-step
+    recorder ratio 1.63x vs 1.54x on the transformer, 2.54x vs 2.34x on the MLP), so it
+    is opt-in. Larger blocks (32 rows) tie idle but fork per op and lose badly under load.
     """
     x = t.contiguous().reshape(-1)
     lanes = _lanes(x)
