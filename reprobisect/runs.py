@@ -350,6 +350,11 @@ def _short(c: str) -> str:
     return c[:10]
 
 
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, with an ellipsis when something was cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: Any) -> tuple[dict[str, Any] | None, str]:
     """The first divergence of ``bad_trace`` against ``last_good_trace`` (data + one line)."""
     if not last_good_trace or not bad_trace:
@@ -584,7 +589,7 @@ def find_first_bad(
                     if v == "skip":
                         skipped[p] = j.reason
                     record(j, "search", v)
-                    progress.note(f"  {_short(p)}  {terms[0] if v == 'good' else terms[1] if v == 'bad' else 'skip'}  {j.reason}"[:200])
+                    progress.note(_clip(f"  {_short(p)}  {terms[0] if v == 'good' else terms[1] if v == 'bad' else 'skip'}  {j.reason}", 200))
                 for p in bis.obsolete():
                     bis.cancel(p)
             res = bis.result()
