@@ -238,17 +238,26 @@ def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool, a: Any = None, 
     return "unchanged", "same samples give identical batch content"
 
 
+def _shared_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[list[Any], list[Any], list[tuple[int, int]]] | None:
+    """A's and B's batch IDs, and (row in A, row in B) for each sample both batches hold.
+
+    None when the traces cannot give tensors or a side recorded no batch IDs.
+    """
+    if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
+        return None
+    ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
+    return ids_a, ids_b, [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
+
+
 def _augmentation_by_samples(a: Any, b: Any, pair: tuple[Any, Any]) -> tuple[str, str] | None:
     """With step-0 tensors stored: batch content rows of the samples both first batches hold."""
     import numpy as np
 
     sa, sb = pair
-    if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
+    found = _shared_samples(a, b, sa, sb)
+    if found is None or not found[2]:
         return None
-    ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
-    shared = [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
-    if not shared:
-        return None
+    ids_a, ids_b, shared = found
     bmap = sb.by_key()
     compared = 0
     for r in _records(sa, ("batch",)):
@@ -313,12 +322,10 @@ def _init_by_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[str, str] | None
     """
     import numpy as np
 
-    if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
+    found = _shared_samples(a, b, sa, sb)
+    if found is None or not found[2]:
         return None
-    ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
-    shared = [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
-    if not shared:
-        return None
+    ids_a, ids_b, shared = found
     inputs_a = {r.fingerprint: r for r in _records(sa, ("input",))}
     bmap = sb.by_key()
     for r in _records(sa, ("activation", "output")):
