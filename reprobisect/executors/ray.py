@@ -222,12 +222,10 @@ def _probe_task(
     """Runs on a Ray worker: unpack the code, run the probe, return the small part of the trace."""
     import ray
 
+    ctx = ray.get_runtime_context()
     gpu_ids, device = _device_info()
-    spec = replace(spec, env={  # where it ran reaches the trace's environment record (group "probe")
-        **spec.env,
-        "REPROBISECT_PROBE_NODE": ray.get_runtime_context().get_node_id(),
-        "REPROBISECT_PROBE_DEVICE": device,
-    })
+    # where it ran reaches the trace's environment record (group "probe"); the result keeps `spec`
+    run_spec = replace(spec, env={**spec.env, "REPROBISECT_PROBE_NODE": ctx.get_node_id(), "REPROBISECT_PROBE_DEVICE": device})
     root = _worker_root(session)
     root.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:10]
@@ -246,7 +244,7 @@ def _probe_task(
             workdir = work
         if runner is None:
             from reprobisect.probe import run_in_dir as runner
-        res = runner(spec, workdir, staging)
+        res = runner(run_spec, workdir, staging)
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -272,10 +270,8 @@ def _probe_task(
                 budget -= sizes[rel]
             else:
                 remote[rel] = sizes[rel]
-    ctx = ray.get_runtime_context()
-    gpu_ids, device = _device_info()
     return {
-        "result": replace(res, commit_ran=commit if commit else res.commit_ran, trace_dir=None),
+        "result": replace(res, spec=spec, commit_ran=commit if commit else res.commit_ran, trace_dir=None),
         "has_trace": (final / "manifest.json").is_file(),
         "node_id": ctx.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),
