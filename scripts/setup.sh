@@ -22,4 +22,7 @@ pip_ "torch==2.13.0"
 # .[devcpu] is .[all,dev] with tensorflow-cpu in place of tensorflow (same stack, no
 # CUDA libraries, half the download).
 pip_ -c constraints/dev.txt -e ".[devcpu]"
+# the native fingerprint kernel, built once for this machine's CPU (optional: without a
+# C++ compiler recording uses framework ops, same fingerprints, slower)
+"$VENV/bin/python" -m reprobisect.native >>"$log" 2>&1 || echo "note: native fingerprint kernel not built (see $log); recording will be slower" >&2
 echo "$want" >"$stamp"

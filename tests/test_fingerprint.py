@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +16,32 @@ from hypothesis import strategies as st
 from reprobisect.trace.fingerprint import ROW, fingerprint, fingerprint_and_stats, stats
 
 torch = pytest.importorskip("torch")
+from reprobisect import native  # noqa: E402
 from reprobisect.runners import fingerprint_torch as ft  # noqa: E402
+
+
+def pytest_generate_tests(metafunc):
+    """Every test runs on both CPU paths, the native kernel and the torch-op fallback,
+    except those about the kernel itself (marked ``native_only``)."""
+    if not metafunc.definition.get_closest_marker("native_only"):
+        metafunc.parametrize("fp_path", ["native", "ops"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def fp_path(request, monkeypatch):
+    path = getattr(request, "param", "native")
+    if path == "ops":
+        monkeypatch.setattr(native, "kernel", lambda: None)
+    elif native.kernel() is None and native._compiler() is not None:
+        pytest.fail(f"a C++ compiler is here but the native kernel is not: {native.status()}")
+    return path
+
+
+def _kernel_or_skip() -> native.Kernel:
+    k = native.kernel()
+    if k is None:
+        pytest.skip(f"no native kernel: {native.status()}")
+    return k
 
 # torch dtype, the NumPy dtype with the same bits
 PAIRS = [
@@ -277,33 +305,98 @@ def test_fingerprint_values_are_stable(name):
     assert ft.fingerprint(t) == want
 
 
-@pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[1], PAIRS[2]], ids=_id)
-def test_fused_cpu_walk_equals_the_separate_paths(tdtype, ndtype, monkeypatch):
-    """Opted in, large CPU floats take one walk for fingerprint and stats: same fingerprint
-    as NumPy, stats within the documented rounding, at block edges and with a partial last row."""
-    monkeypatch.setattr(ft, "_FUSED_BLOCK_ROWS", 8)
-    block_values = ft._FUSED_BLOCK_ROWS * ROW * 4 // torch.tensor([], dtype=tdtype).element_size()
-    for n in (ft._STATS_BLOCK + 1, 2 * block_values, 2 * block_values + 1, 3 * block_values + ROW + 5):
+NATIVE_PAIRS = PAIRS[:9]  # the dtypes the kernel has statistics for (float8: fingerprint only)
+
+
+@pytest.mark.native_only
+@pytest.mark.parametrize("tdtype, ndtype", NATIVE_PAIRS + PAIRS[9:10], ids=_id)
+def test_native_kernel_over_chunk_edges(tdtype, ndtype):
+    """One pass for fingerprint and stats: NumPy's fingerprint, NumPy's float64 stats, at
+    chunk edges and with a partial last row; the same bits on a second call."""
+    k = _kernel_or_skip()
+    per_chunk = native.CHUNK_BYTES // torch.tensor([], dtype=tdtype).element_size()
+    for n in (1, 15, 17, per_chunk - 1, per_chunk, 4 * per_chunk + ROW + 3, 5 * per_chunk + 1):
         t = _torch_tensor(tdtype, (n,), seed=n)
-        assert ft._fused_ok(t)
-        fp, s = ft.fingerprint_and_stats(t)
         a = _to_numpy(t, ndtype)
-        assert fp == fingerprint(a) == ft.fingerprint(t), n
+        fp, s = ft.fingerprint_and_stats(t)
+        assert fp == fingerprint(a), n
         want = stats(a)
-        for k in ("norm", "min", "max", "mean"):
-            assert s[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), (n, k)
-    if tdtype == torch.float32:  # float32 block sums overflow on finite values: float64 redo
-        n = 3 * block_values + 5
-        _, sb = ft.fingerprint_and_stats(torch.full((n,), 3e38))
-        assert sb["mean"] == pytest.approx(3e38, rel=1e-6) and sb["norm"] == pytest.approx(3e38 * math.sqrt(n), rel=1e-6)
-        u = _torch_tensor(tdtype, (n,), seed=1)
-        u[5], u[-1] = float("nan"), float("-inf")
-        assert ft.fingerprint_and_stats(u)[1]["nan"] == 1 and ft.fingerprint_and_stats(u)[1]["inf"] == 1
+        code = ft.dtype_name(tdtype)
+        rel = 1e-12 if code in native.DTYPE_CODES else 1e-6  # float8: torch's float32 row sums
+        for key in ("norm", "min", "max", "mean"):
+            assert s[key] == pytest.approx(want[key], rel=rel, abs=1e-300), (n, key)
+        again = k.run(t.data_ptr(), t.numel() * t.element_size(), code)
+        assert ft.finish_fingerprint(code, tuple(t.shape), t.numel() * t.element_size(), again[0]) == fp
+        if code in native.DTYPE_CODES:
+            assert again[1] == k.run(t.data_ptr(), t.numel() * t.element_size(), code)[1]
 
 
-@pytest.mark.parametrize("fused_rows", [0, 8])
-def test_finish_many_equals_finish_one_by_one(fused_rows, monkeypatch):
-    monkeypatch.setattr(ft, "_FUSED_BLOCK_ROWS", fused_rows)
+@pytest.mark.native_only
+@pytest.mark.parametrize("tdtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=_id)
+def test_native_kernel_counts_nan_and_inf_across_chunks(tdtype):
+    _kernel_or_skip()
+    per_chunk = native.CHUNK_BYTES // torch.tensor([], dtype=tdtype).element_size()
+    t = _torch_tensor(tdtype, (6 * per_chunk + 9,), seed=2)
+    t[per_chunk - 1], t[3 * per_chunk], t[-1] = float("inf"), float("-inf"), float("inf")
+    _, s = ft.fingerprint_and_stats(t)
+    assert (s["nan"], s["inf"], s["min"], s["max"]) == (0, 3, "-inf", "inf")
+    t[per_chunk + 2] = float("nan")
+    _, s = ft.fingerprint_and_stats(t)
+    assert (s["nan"], s["inf"], s["mean"], s["min"]) == (1, 3, "nan", "nan")
+    big = torch.full((3 * per_chunk,), 3e38 if tdtype != torch.float16 else 6e4, dtype=tdtype)
+    _, sb = ft.fingerprint_and_stats(big)  # float64 accumulation: finite values never overflow
+    assert sb["mean"] == pytest.approx(float(big[0]), rel=1e-12) and sb["nan"] == sb["inf"] == 0
+
+
+@pytest.mark.native_only
+def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
+    """The vectorised build for this CPU and a portable -O2 build give the same bits: row
+    sums (integers) and statistics (the source fixes every float operation and its order)."""
+    k = _kernel_or_skip()
+    monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path))
+    portable = native.load(native.build(flag_sets=(["-O2"],)))
+    rng = np.random.default_rng(7)
+    per_chunk = native.CHUNK_BYTES // 4
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32, np.uint8):
+        for n in (5, 4096 * 3 + 17, 2 * per_chunk + 4096 + 3):
+            a = (rng.standard_normal(n) * 50).astype(dtype)
+            if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16:
+                a[::97] = -0.0
+            name = ft.dtype_name(a.dtype)
+            fast, slow = k.run(a.ctypes.data, a.nbytes, name), portable.run(a.ctypes.data, a.nbytes, name)
+            assert np.array_equal(fast[0], slow[0]) and fast[2] == slow[2], (name, n)
+            assert np.array(fast[1]).tobytes() == np.array(slow[1]).tobytes(), (name, n, fast[1], slow[1])
+
+
+@pytest.mark.native_only
+def test_native_build_is_cached_per_cpu_and_refuses_cleanly(tmp_path, monkeypatch):
+    """Built once per (source, compiler, CPU); a CPU of another kind gets its own build, and
+    no compiler means the torch-op path, with the same fingerprints, and a status that says why."""
+    _kernel_or_skip()
+    monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path))
+    first = native.build()
+    assert first.parent == tmp_path / "native" and native.build() == first
+    monkeypatch.setattr(native, "_cpu_identity", lambda: "some other cpu")
+    assert native._target(native._compiler()) != first
+    script = (
+        "import numpy as np, torch\n"
+        "from reprobisect import native\n"
+        "from reprobisect.runners import fingerprint_torch as ft\n"
+        "from reprobisect.trace.fingerprint import fingerprint\n"
+        "t = torch.randn(70000)\n"
+        "assert ft.fingerprint(t) == fingerprint(t.numpy())\n"
+        "print(native.status())\n"
+    )
+    for env, want in (({"CXX": "/bin/false", "PATH": "/nonexistent"}, "framework ops (native kernel unavailable"),
+                      ({"REPROBISECT_NATIVE": "0"}, "off (REPROBISECT_NATIVE=0)")):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env={**os.environ, "REPROBISECT_CACHE_DIR": str(tmp_path / "fresh"), **env})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(want), r.stdout
+    assert not (tmp_path / "fresh" / "native").exists() or not list((tmp_path / "fresh" / "native").glob("*.so"))
+
+
+def test_finish_many_equals_finish_one_by_one():
     ts = [torch.randn(5), torch.randn(3 * ROW + 1), torch.randn(2 * ft._STATS_BLOCK + 3).to(torch.bfloat16),
           torch.tensor([1.0, float("nan"), float("inf")]), torch.arange(7), torch.zeros(0)]
     pend = [ft.begin(t) for t in ts] + [ft.begin(ts[1], with_stats=False)]

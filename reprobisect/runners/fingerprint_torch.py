@@ -6,12 +6,11 @@ work without synchronising, ``finish_many`` brings the small results of a whole 
 the host in one transfer per device (``finish`` does one), so a recorder synchronises once
 per step. NaN/Inf are counted only for a tensor whose sum is not finite.
 
-Opt-in (``REPROBISECT_FP_FUSED_ROWS=8``): large float32/bfloat16/float16 CPU tensors with
-stats take one walk (``_fused_cpu``), fingerprint and stats of each cache-sized block while
-it is in cache, no op forking threads: much cheaper on a machine loaded by other work,
-~10-20% dearer on an idle one, hence off by default.
+CPU tensors: the native kernel (``reprobisect.native``) reads each tensor once for its
+row sums and statistics, near memory speed; the torch-op paths below are the fallback
+when no kernel could be built, and the path for accelerators.
 
-Speed (CPU): each block of rows is widened once into an int64 scratch that stays in
+Torch-op path, CPU: each block of rows is widened once into an int64 scratch that stays in
 cache (``copy_``) and reduced against the weights with one int64 ``mv`` (an exact
 multiply-add modulo 2**64, like the reference): two passes instead of the three of
 ``mul(out=)`` + ``sum``, about 2x faster here. Accelerators keep ``mul`` + ``sum`` on
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprobisect import native
 from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
 
 __all__ = ["Pending", "begin", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
@@ -146,9 +146,10 @@ class Pending:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    row_sums: torch.Tensor
-    stats: torch.Tensor | None  # [sum, norm, min, max] in float64, on device
+    row_sums: torch.Tensor | np.ndarray  # ndarray: already on the host (native kernel)
+    stats: torch.Tensor | list[float] | None  # [sum, norm, min, max] (float64 on device, or host floats)
     numel: int
+    counts: tuple[int, int] | None = None  # (nan, inf), when already counted
 
 
 _STATS_BLOCK = 1 << 15  # elements: a 256 KiB float64 scratch, at ATen's grain size (no fork per block)
@@ -162,6 +163,8 @@ def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         t = t.abs()
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        t = t.to(torch.float32)  # float8: torch cannot promote it in sum/norm
     x = t.reshape(-1)
     if x.device.type == "cpu" and x.dtype != torch.float64 and x.numel() > _STATS_BLOCK:
         # sum(dtype=float64) widens the whole tensor out of cache: ~30x slower than the
@@ -219,100 +222,49 @@ def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
-# rows of lanes per block of the one-walk CPU path (see _fused_cpu); 0 (the default) turns
-# it off: on an idle machine it is slower than the separate passes, see _fused_cpu
-_FUSED_BLOCK_ROWS = int(os.environ.get("REPROBISECT_FP_FUSED_ROWS", "0") or 0)
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float8 cannot be promoted by sum/norm
-
-
-def _fused_ok(t: torch.Tensor) -> bool:
-    """float32/bfloat16/float16 on CPU, large enough to block: fingerprint and stats in one walk."""
+def _native_ok(t: torch.Tensor) -> bool:
     return (
-        _FUSED_BLOCK_ROWS > 0
-        and t.device.type == "cpu"
-        and t.dtype in _FUSED_DTYPES
-        and t.numel() > _STATS_BLOCK
-        and (_compile_min_bytes is None or t.numel() * t.element_size() < _compile_min_bytes)
+        t.device.type == "cpu"
+        and type(t) is torch.Tensor  # not a subclass (fake, functional, distributed)
+        and t.layout == torch.strided
+        and not t.is_complex()
+        and not t.is_quantized
     )
 
 
-def _fused_cpu(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row sums and ``[sum, norm, min, max]`` of a CPU float tensor in one walk over its blocks.
-
-    Each block (``_FUSED_BLOCK_ROWS`` rows of lanes: 32768 float32 values, 256 KiB of
-    int64 scratch) is read once from memory: widened and reduced for the fingerprint (as
-    ``_eager_row_sums``: bit-identical row sums), then, while it is still in cache, summed
-    in float32 (torch's cascade summation), normed per row of ``ROW`` values in float32
-    and min/maxed; the partial figures are combined in float64 (relative error below
-    ~1e-6 against NumPy's float64 stats; the same bits give the same stats, whatever the
-    machine's load). Per-row (``dim=1``) sums and aminmax are avoided: on CPU they cost
-    several times the whole-block kernels (the per-row norm does not, and is more accurate
-    than a block's). Every op stays at ATen's grain size, so nothing forks threads.
-    Measured on the example models' tensors (``scripts/bench/bench_recorder.py --cost``,
-    2 cores): on a loaded machine the whole-tensor stats ops (one fork-join each, waiting
-    for the slowest thread) cost 3-6x the fingerprint; this walk is several times cheaper
-    there, and ~10-20% dearer than them on an idle machine (single-threaded; whole-step
-    recorder ratio 1.63x vs 1.54x on the transformer, 2.54x vs 2.34x on the MLP), so it
-    is opt-in. Larger blocks (32 rows) tie idle but fork per op and lose badly under load.
-    """
-    x = t.contiguous().reshape(-1)
-    lanes = _lanes(x)
-    w = _device_weights(lanes.device)
-    per = 4 // x.element_size()  # values per lane
-    n = lanes.numel()
-    full = n // ROW
-    block = _FUSED_BLOCK_ROWS
-    nb = -(-full // block)
-    out = torch.empty(full, dtype=torch.int64)
-    fs = torch.empty(nb, dtype=torch.float32)  # per block: sum
-    fn = torch.empty(full * per, dtype=torch.float32)  # per row of ROW values: norm
-    mm = torch.empty(2, nb, dtype=x.dtype)  # per block: min, max
-    buf = torch.empty(min(block, full), ROW, dtype=torch.int64)
-    grid = lanes[: full * ROW].view(full, ROW)
-    vals = x[: full * ROW * per]
-    vblock = block * ROW * per
-    for q, i in enumerate(range(0, full, block)):
-        k = min(block, full - i)
-        b = buf[:k]
-        b.copy_(grid[i : i + k])
-        torch.mv(b, w, out=out[i : i + k])
-        vb = vals[q * vblock : q * vblock + k * ROW * per]
-        torch.sum(vb, 0, dtype=torch.float32, out=fs[q])
-        torch.linalg.vector_norm(vb.view(-1, ROW), 2, dim=1, dtype=torch.float32, out=fn[i * per : (i + k) * per])
-        torch.aminmax(vb, out=(mm[0, q], mm[1, q]))
-    rem = n - full * ROW
-    sums = out
-    if rem:
-        tail_sum = (lanes[full * ROW :].to(torch.int64) * w[:rem]).sum().reshape(1)
-        sums = torch.cat([out, tail_sum])
-    s = fs.to(torch.float64).sum()
-    sq = fn.to(torch.float64).square().sum()
-    lo, hi = mm[0].min(), mm[1].max()
-    tail = x[full * ROW * per :]
-    if tail.numel():
-        s = s + torch.sum(tail, dtype=torch.float64)
-        sq = sq + torch.linalg.vector_norm(tail, dtype=torch.float64).square()
-        tmn, tmx = torch.aminmax(tail)
-        lo, hi = torch.minimum(lo, tmn), torch.maximum(hi, tmx)
-    st = torch.stack([s, sq.sqrt(), lo.to(torch.float64), hi.to(torch.float64)])
-    # CPU only, so reading these four numbers is no device sync
-    s_, n_, lo_, hi_ = st.tolist()
-    if not (math.isfinite(s_) and math.isfinite(n_)) and math.isfinite(lo_) and math.isfinite(hi_):
-        st = _stats_blocked(x)  # finite values whose float32 block sums overflowed: redo in float64
-    return sums, st
+def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name: str) -> Pending:
+    x = t.contiguous()
+    nbytes = x.numel() * x.element_size()
+    code = name if with_stats and name in native.DTYPE_CODES else None
+    sums, st, counts = kernel.run(x.data_ptr(), nbytes, code)
+    stats: Any = None
+    if st is not None and x.numel():
+        stats = [st[0], math.sqrt(st[1]) if st[1] >= 0 else st[1], st[2], st[3]]
+    elif with_stats and code is None:
+        stats = _stats_tensor(x)  # a dtype the kernel has no statistics for (float8, uint32...)
+        counts = None
+    return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
+                   numel=t.numel(), counts=counts if stats is not None and code else None)
 
 
 def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
-    """Queue the fingerprint (and stats) of ``t`` on its own device; no host sync."""
+    """Queue the fingerprint (and stats) of ``t`` on its own device; no host sync.
+
+    A plain CPU tensor goes through the native kernel (one pass, ``reprobisect.native``)
+    when it could be built; anything else, or no kernel, through torch ops on the
+    tensor's device. Both give the same fingerprint.
+    """
     t = t.detach()
+    name = dtype_name(t.dtype)
+    if _native_ok(t):
+        k = native.kernel()
+        if k is not None:
+            return _begin_native(t, k, with_stats, name)
     nbytes = t.numel() * t.element_size()
-    if with_stats and _fused_ok(t):
-        sums, st = _fused_cpu(t)
-    else:
-        sums = _row_sums(_lanes(t))
-        st = _stats_tensor(t) if with_stats else None
+    sums = _row_sums(_lanes(t))
+    st = _stats_tensor(t) if with_stats else None
     return Pending(
-        dtype=dtype_name(t.dtype),
+        dtype=name,
         shape=tuple(t.shape),
         nbytes=nbytes,
         row_sums=sums,
@@ -346,7 +298,9 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
     host: list[tuple[np.ndarray, list[float] | None]] = [None] * len(items)  # type: ignore[list-item]
     by_device: dict[torch.device, list[int]] = {}
     for k, (p, _) in enumerate(items):
-        if p.row_sums.device.type == "cpu":
+        if isinstance(p.row_sums, np.ndarray):
+            host[k] = (p.row_sums, p.stats if not isinstance(p.stats, torch.Tensor) else p.stats.tolist())
+        elif p.row_sums.device.type == "cpu":
             host[k] = (p.row_sums.numpy(), p.stats.tolist() if p.stats is not None else None)
         else:
             by_device.setdefault(p.row_sums.device, []).append(k)
@@ -380,7 +334,9 @@ def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, sourc
         return fp, None
     s, norm, mn, mx = st
     nan = inf = 0
-    if not math.isfinite(s) and source is not None:
+    if p.counts is not None:
+        nan, inf = p.counts
+    elif not math.isfinite(s) and source is not None:
         d = source.detach()
         nan = int(torch.isnan(d).sum()) if d.is_floating_point() or d.is_complex() else 0
         inf = int(torch.isinf(d).sum()) if d.is_floating_point() or d.is_complex() else 0

@@ -179,6 +179,9 @@ class _Run:
             zoom_step=ns.zoom_step,
         )
         self.recorder = TorchRecorder(self.writer, policy, stop_at_limit=True).install()
+        from reprobisect import native
+
+        native.kernel()  # built (once per machine) or loaded now, not inside the first step
 
     @property
     def steps_done(self) -> int:
@@ -263,7 +266,9 @@ class _Run:
         try:
             from reprobisect.runners.environment import collect_environment
 
-            environment = collect_environment()
+            from reprobisect import native
+
+            environment = collect_environment({"recorder": {"fingerprint": native.status()}})
         except Exception as e:  # the trace must still be sealed
             environment = {"error": f"environment record failed: {type(e).__name__}: {e}"}
         notes = list(self.recorder.notes) if self.recorder is not None else []

@@ -17,6 +17,8 @@ Modes:
   real trace to a temp folder;
 - ``fp_only``: the same recorder without stats (fingerprints only), to show what the
   stats cost;
+- ``record_ops``: ``record`` on the torch-op fallback (what a machine without a C++
+  compiler gets; ``reprobisect.native``);
 - ``anomaly``: the same step under ``torch.autograd.detect_anomaly()``.
 
 Targets (issue 3): record <= 1.10x plain on the transformer, <= 1.25x on the MLP.
@@ -24,8 +26,8 @@ Targets (issue 3): record <= 1.10x plain on the transformer, <= 1.25x on the MLP
 ``--cost`` isolates the fingerprint/stats work, which a shared machine's noise swamps in
 whole steps: it keeps (clones of) every tensor one recorded step fingerprints, then
 interleaves, round by round, a plain step with ``begin`` + ``finish_many`` over those
-tensors by each path: ``fused`` (the CPU one-walk fingerprint + stats), ``separate``
-(fingerprint pass, then stats passes, as before the fused walk) and ``fp_only``. Printed:
+tensors by each path: ``native`` (the one-pass kernel, fingerprint + stats), ``ops`` (the
+torch-op fallback used when no kernel can be built) and ``fp_only`` (native, no stats). Printed:
 median ms per step, and ``1 + cost / plain`` as the ratio that work alone adds.
 """
 
@@ -120,21 +122,26 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
     # timed on different steps are not comparable
     batches = [next(data) for _ in range(steps + 1)]
     reset = snapshot(stateful)
-    times: dict[str, list[float]] = {"plain": [], "record": [], "fp_only": [], "anomaly": []}
+    from reprobisect import native
+
+    kernel = native.kernel
+    times: dict[str, list[float]] = {"plain": [], "record": [], "fp_only": [], "record_ops": [], "anomaly": []}
     cpu: dict[str, list[float]] = {m: [] for m in times}
     modes = list(times)
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate: no mode always first
             reset()
-            if mode in ("record", "fp_only"):
+            if mode in ("record", "fp_only", "record_ops"):
+                native.kernel = kernel if mode != "record_ops" else (lambda: None)
                 writer = TraceWriter(tmp / f"{name}-{mode}-{r}", command=["bench"], policy={})
-                rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=mode == "record")).install()
+                rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=mode != "fp_only")).install()
                 run_steps(step, iter(batches), 1)  # the recorder's first step learns names and hooks
                 try:
                     times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
                 finally:
                     rec.remove()
                     writer.close()
+                    native.kernel = kernel
             elif mode == "anomaly":
                 run_steps(step, iter(batches), 1)
                 with torch.autograd.detect_anomaly(check_nan=True):
@@ -176,23 +183,25 @@ def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
     finally:
         rec.remove()
         writer.close()
-    fused_ok = fpt._fused_ok
+    from reprobisect import native
 
-    def work(stats: bool, fused: bool) -> float:
-        fpt._fused_ok = fused_ok if fused else (lambda t: False)
+    kernel = native.kernel
+
+    def work(stats: bool, use_native: bool) -> float:
+        native.kernel = kernel if use_native else (lambda: None)
         try:
             t0 = time.perf_counter()
             fpt.finish_many([(fpt.begin(t, with_stats=stats), t) for t in kept])
             return time.perf_counter() - t0
         finally:
-            fpt._fused_ok = fused_ok
+            native.kernel = kernel
 
-    times: dict[str, list[float]] = {"plain": [], "fused": [], "separate": [], "fp_only": []}
+    times: dict[str, list[float]] = {"plain": [], "native": [], "ops": [], "fp_only": []}
     for _ in range(rounds):
         times["plain"] += run_steps(step, data, 1)
-        times["fused"].append(work(True, True))
-        times["separate"].append(work(True, False))
-        times["fp_only"].append(work(False, False))
+        times["native"].append(work(True, True))
+        times["ops"].append(work(True, False))
+        times["fp_only"].append(work(False, True))
     med = {m: statistics.median(v) for m, v in times.items()}
     return {
         "model": name,
@@ -222,7 +231,7 @@ def main(argv=None) -> int:
         for r in res:
             m, x = r["median_s"], r["ratio"]
             print(f"{r['model']:<12}{r['tensors']} tensors, {r['elements'] / 1e6:.1f}M elements: plain step {m['plain'] * 1e3:.1f} ms; "
-                  + ", ".join(f"{k} {m[k] * 1e3:.1f} ms ({x[k]:.3f}x)" for k in ("fused", "separate", "fp_only")))
+                  + ", ".join(f"{k} {m[k] * 1e3:.1f} ms ({x[k]:.3f}x)" for k in ("native", "ops", "fp_only")))
         return 0
     import warnings
 
@@ -236,15 +245,15 @@ def main(argv=None) -> int:
         return 0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {results[0]['samples_per_mode']} steps per mode")
     print(f"{'model':<12}{'plain ms':>10}{'record ms':>11}{'fp-only ms':>12}{'anomaly ms':>12}"
-          f"{'record x':>10}{'fp-only x':>11}{'anomaly x':>11}  target (record)")
+          f"{'record x':>10}{'fp-only x':>11}{'rec-ops x':>11}{'anomaly x':>11}  target (record)")
     for r in results:
         m, x = r["median_step_s"], r["ratio"]
         ok = "ok" if r["meets_target"] else "MISSED"
         print(f"{r['model']:<12}{m['plain'] * 1e3:>10.1f}{m['record'] * 1e3:>11.1f}{m['fp_only'] * 1e3:>12.1f}"
-              f"{m['anomaly'] * 1e3:>12.1f}{x['record']:>10.3f}{x['fp_only']:>11.3f}{x['anomaly']:>11.3f}"
+              f"{m['anomaly'] * 1e3:>12.1f}{x['record']:>10.3f}{x['fp_only']:>11.3f}{x['record_ops']:>11.3f}{x['anomaly']:>11.3f}"
               f"  <= {r['target']:.2f} {ok}")
         c = r["cpu_ratio"]
-        print(f"{'':<12}{'(process CPU time ratios)':>45}{c['record']:>10.3f}{c['fp_only']:>11.3f}{c['anomaly']:>11.3f}")
+        print(f"{'':<12}{'(process CPU time ratios)':>45}{c['record']:>10.3f}{c['fp_only']:>11.3f}{c['record_ops']:>11.3f}{c['anomaly']:>11.3f}")
     return 0
 
 

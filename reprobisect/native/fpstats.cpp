@@ -1,0 +1,334 @@
+// Fingerprint row sums and summary statistics of one tensor in one pass over its bytes.
+//
+// The same algorithm as reprobisect/trace/fingerprint.py (read that docstring first): the
+// bytes, zero-padded to a multiple of 4, are signed 32-bit lanes cut into rows of ROW
+// lanes; each row reduces to sum(sign_extend(lane[j]) * weight[j]) modulo 2**64. Integer
+// arithmetic, so any order and any vector width give the same row sums as NumPy and torch.
+//
+// The statistics (sum, sum of squares, min, max) are accumulated in float64 over 16
+// interleaved accumulators per fixed chunk of CHUNK_ROWS rows, and the chunks are combined
+// in order; NaN and Inf are counted in a second pass only when the sum is not finite.
+// Built with -ffp-contract=off and no fast-math, the result is defined by the C++ source
+// alone: the same bits give the same statistics on any IEEE-754 machine, whatever its
+// vector width. The AVX-512 paths (used when the build
+// targets such a CPU) do exactly the scalar code's operations in the same order per
+// accumulator; tests build both and compare the bits.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define RB_AVX512 1
+#endif
+
+namespace {
+
+constexpr int64_t ROW = 4096;
+constexpr int64_t CHUNK_ROWS = 16;  // 64K lanes, 256 KiB: the unit the statistics are combined by
+constexpr int64_t CHUNK_BYTES = CHUNK_ROWS * ROW * 4;
+constexpr int K = 16;  // interleaved accumulators
+
+enum Dtype : int {
+  NONE = 0, F32 = 1, F64 = 2, BF16 = 3, F16 = 4, I64 = 5, I32 = 6, I16 = 7, I8 = 8, U8 = 9, BOOL = 10,
+};
+
+struct Partial {
+  double sum = 0, sq = 0, mn = INFINITY, mx = -INFINITY;
+};
+
+template <typename T>
+inline T load(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float f16_to_f32(uint16_t h) {
+  _Float16 v;
+  std::memcpy(&v, &h, 2);
+  return float(v);
+}
+
+#ifdef RB_AVX512
+// 16 lanes into two 8 x 64-bit accumulators: sign-extend, multiply by the weights, add.
+inline void fp16(__m512i v, const uint64_t* w, __m512i& a0, __m512i& a1) {
+  __m512i l0 = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+  __m512i l1 = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1));
+  a0 = _mm512_add_epi64(a0, _mm512_mullo_epi64(l0, _mm512_loadu_si512(w)));
+  a1 = _mm512_add_epi64(a1, _mm512_mullo_epi64(l1, _mm512_loadu_si512(w + 8)));
+}
+
+inline int64_t fp_total(__m512i a0, __m512i a1) {
+  alignas(64) uint64_t t[8];
+  _mm512_store_si512(t, _mm512_add_epi64(a0, a1));
+  uint64_t s = 0;
+  for (int k = 0; k < 8; ++k) s += t[k];
+  return int64_t(s);
+}
+#endif
+
+// Row sums of whole rows (n_rows * ROW lanes starting at p).
+void row_sums(const unsigned char* p, int64_t n_rows, const uint64_t* w, int64_t* out) {
+#ifdef RB_AVX512
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const unsigned char* q = p + r * ROW * 4;
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    for (int64_t j = 0; j < ROW; j += 16) fp16(_mm512_loadu_si512(q + j * 4), w + j, a0, a1);
+    out[r] = fp_total(a0, a1);
+  }
+  return;
+#endif
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const unsigned char* q = p + r * ROW * 4;
+    uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < ROW; j += 8) {
+      for (int k = 0; k < 8; ++k) {
+        int32_t lane = load<int32_t>(q + (j + k) * 4);
+        acc[k] += uint64_t(int64_t(lane)) * w[j + k];
+      }
+    }
+    uint64_t s = 0;
+    for (int k = 0; k < 8; ++k) s += acc[k];
+    out[r] = int64_t(s);
+  }
+}
+
+// The row sum of the last, partial row: `nbytes` bytes (not a multiple of ROW*4), zero-padded.
+int64_t tail_row_sum(const unsigned char* p, int64_t nbytes, const uint64_t* w) {
+  uint64_t s = 0;
+  int64_t lanes = nbytes / 4;
+  for (int64_t j = 0; j < lanes; ++j) s += uint64_t(int64_t(load<int32_t>(p + j * 4))) * w[j];
+  int64_t rest = nbytes - lanes * 4;
+  if (rest) {
+    unsigned char buf[4] = {0, 0, 0, 0};
+    std::memcpy(buf, p + lanes * 4, rest);
+    s += uint64_t(int64_t(load<int32_t>(buf))) * w[lanes];
+  }
+  return int64_t(s);
+}
+
+// One element as the type min/max are kept in (float for <= 32-bit floats, else double).
+template <typename T, int DT>
+inline auto value(const unsigned char* p, int64_t i) {
+  if constexpr (DT == BF16) {
+    return bf16_to_f32(load<uint16_t>(p + i * 2));
+  } else if constexpr (DT == F16) {
+    return f16_to_f32(load<uint16_t>(p + i * 2));
+  } else if constexpr (DT == F32) {
+    return load<float>(p + i * 4);
+  } else {
+    return double(load<T>(p + i * sizeof(T)));
+  }
+}
+
+// Sum and sum of squares in float64, min and max, over K interleaved accumulators carried
+// across the rows of a chunk; NaN/Inf are counted afterwards, and only when the sum is not
+// finite (count_nonfinite), so a clean tensor pays nothing for them.
+template <typename T, int DT>
+struct Acc {
+  using V = decltype(value<T, DT>(nullptr, 0));
+  double s[K], q[K];
+  V lo[K], hi[K];
+
+  Acc() {
+    for (int k = 0; k < K; ++k) {
+      s[k] = q[k] = 0;
+      lo[k] = INFINITY;
+      hi[k] = -INFINITY;
+    }
+  }
+
+  inline void one(V v, int k) {
+    double x = v;
+    s[k] += x;
+    q[k] += x * x;
+    lo[k] = v < lo[k] ? v : lo[k];
+    hi[k] = v > hi[k] ? v : hi[k];
+  }
+
+  // n elements from p; every call but the chunk's last has n % K == 0 (a whole row)
+  void add(const unsigned char* p, int64_t n) {
+    int64_t i = 0;
+    for (; i + K <= n; i += K)
+      for (int k = 0; k < K; ++k) one(value<T, DT>(p, i + k), k);
+    int64_t m = n - i;  // < K
+    for (int k = 0; k < m && k < K; ++k) one(value<T, DT>(p, i + k), k);
+  }
+
+#ifdef RB_AVX512
+  // One whole row of a <= 32-bit float dtype: its row sum, and the same statistics as add()
+  // (accumulator k takes the elements i with i % K == k, in order), from one read of the row.
+  int64_t fused_row(const unsigned char* q, const uint64_t* w) {
+    static_assert(K == 16, "the vector layout below is for 16 accumulators");
+    __m512d s0 = _mm512_loadu_pd(s), s1 = _mm512_loadu_pd(s + 8);
+    __m512d q0 = _mm512_loadu_pd(this->q), q1 = _mm512_loadu_pd(this->q + 8);
+    __m512 l = _mm512_loadu_ps(lo), h = _mm512_loadu_ps(hi);
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    auto st16 = [&](__m512 f) {
+      __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+      __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+      s0 = _mm512_add_pd(s0, d0);
+      s1 = _mm512_add_pd(s1, d1);
+      q0 = _mm512_add_pd(q0, _mm512_mul_pd(d0, d0));
+      q1 = _mm512_add_pd(q1, _mm512_mul_pd(d1, d1));
+      l = _mm512_min_ps(f, l);  // f < l ? f : l, as one() (NaN keeps l)
+      h = _mm512_max_ps(f, h);
+    };
+    for (int64_t j = 0; j < ROW; j += 16) {
+      __m512i v = _mm512_loadu_si512(q + j * 4);
+      fp16(v, w + j, a0, a1);
+      if constexpr (DT == F32) {
+        st16(_mm512_castsi512_ps(v));
+      } else if constexpr (DT == BF16) {
+        st16(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16)));
+        st16(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16)));
+      } else {
+        st16(_mm512_cvtph_ps(_mm512_castsi512_si256(v)));
+        st16(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)));
+      }
+    }
+    _mm512_storeu_pd(s, s0);
+    _mm512_storeu_pd(s + 8, s1);
+    _mm512_storeu_pd(this->q, q0);
+    _mm512_storeu_pd(this->q + 8, q1);
+    _mm512_storeu_ps(lo, l);
+    _mm512_storeu_ps(hi, h);
+    return fp_total(a0, a1);
+  }
+#endif
+
+  Partial result() const {
+    Partial r;
+    for (int k = 0; k < K; ++k) {
+      r.sum += s[k];
+      r.sq += q[k];
+      r.mn = lo[k] < r.mn ? double(lo[k]) : r.mn;
+      r.mx = hi[k] > r.mx ? double(hi[k]) : r.mx;
+    }
+    return r;
+  }
+};
+
+// One chunk, row by row: each row's sum, then its statistics while its 16 KiB are in L1.
+template <typename T, int DT, bool STATS>
+void chunk(const unsigned char* p, int64_t len, const uint64_t* w, int64_t* row_out, Partial* part) {
+  Acc<T, DT> acc;
+  int64_t full = len / (ROW * 4);
+  for (int64_t r = 0; r < full; ++r) {
+    const unsigned char* q = p + r * ROW * 4;
+#ifdef RB_AVX512
+    if constexpr (STATS && (DT == F32 || DT == BF16 || DT == F16)) {
+      row_out[r] = acc.fused_row(q, w);
+      continue;
+    }
+#endif
+    row_sums(q, 1, w, row_out + r);
+    if constexpr (STATS) acc.add(q, ROW * 4 / int64_t(sizeof(T)));
+  }
+  int64_t rest = len - full * ROW * 4;
+  if (rest) {
+    row_out[full] = tail_row_sum(p + full * ROW * 4, rest, w);
+    if constexpr (STATS) acc.add(p + full * ROW * 4, rest / int64_t(sizeof(T)));
+  }
+  if constexpr (STATS) *part = acc.result();
+}
+
+template <typename T, int DT>
+void count_range(const unsigned char* p, int64_t n, int64_t* nan, int64_t* inf) {
+  for (int64_t i = 0; i < n; ++i) {
+    double x = value<T, DT>(p, i);
+    *nan += x != x;
+    *inf += std::fabs(x) == INFINITY;
+  }
+}
+
+int element_size(int dtype) {
+  switch (dtype) {
+    case F32: case I32: return 4;
+    case F64: case I64: return 8;
+    case BF16: case F16: case I16: return 2;
+    case I8: case U8: case BOOL: return 1;
+    default: return 0;
+  }
+}
+
+void do_chunk(const unsigned char* p, int64_t len, int dtype, const uint64_t* w, int64_t* row_out, Partial* part) {
+  switch (dtype) {
+    case F32: return chunk<float, F32, true>(p, len, w, row_out, part);
+    case F64: return chunk<double, F64, true>(p, len, w, row_out, part);
+    case BF16: return chunk<uint16_t, BF16, true>(p, len, w, row_out, part);
+    case F16: return chunk<uint16_t, F16, true>(p, len, w, row_out, part);
+    case I64: return chunk<int64_t, I64, true>(p, len, w, row_out, part);
+    case I32: return chunk<int32_t, I32, true>(p, len, w, row_out, part);
+    case I16: return chunk<int16_t, I16, true>(p, len, w, row_out, part);
+    case I8: return chunk<int8_t, I8, true>(p, len, w, row_out, part);
+    case U8: case BOOL: return chunk<uint8_t, U8, true>(p, len, w, row_out, part);
+    default: return chunk<uint8_t, U8, false>(p, len, w, row_out, part);
+  }
+}
+
+void count_nonfinite(const unsigned char* p, int64_t n, int dtype, int64_t* nan, int64_t* inf) {
+  switch (dtype) {
+    case F32: return count_range<float, F32>(p, n, nan, inf);
+    case F64: return count_range<double, F64>(p, n, nan, inf);
+    case BF16: return count_range<uint16_t, BF16>(p, n, nan, inf);
+    case F16: return count_range<uint16_t, F16>(p, n, nan, inf);
+    default: return;  // integers are always finite
+  }
+}
+
+
+
+
+}  // namespace
+
+extern "C" {
+
+int rb_abi_version() { return 1; }
+
+// data/nbytes: the tensor's contiguous bytes. dtype: a Dtype code (NONE: row sums only).
+// weights: ROW odd 64-bit column weights. row_out: ceil(nbytes / (ROW*4)) slots.
+// stats_out: [sum, sum of squares, min, max]; counts_out: [nan, inf] (counted only when the
+// sum is not finite; with a NaN the four statistics are NaN, as NumPy's).
+// Returns 0, or -1 for a dtype code it does not know.
+// Single-threaded on purpose: called between a training step's ops, helper threads (spawned
+// per call, or parked between calls) fought the framework's own and measured slower in situ.
+int rb_fingerprint_stats(const void* data, int64_t nbytes, int dtype, const int64_t* weights, int64_t* row_out,
+                         double* stats_out, int64_t* counts_out) {
+  if (dtype != NONE && element_size(dtype) == 0) return -1;
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(weights);
+  Partial r;
+  for (int64_t begin = 0; begin < nbytes; begin += CHUNK_BYTES) {
+    int64_t len = nbytes - begin < CHUNK_BYTES ? nbytes - begin : CHUNK_BYTES;
+    Partial part;
+    do_chunk(p + begin, len, dtype, w, row_out + begin / (ROW * 4), &part);
+    r.sum += part.sum;
+    r.sq += part.sq;
+    r.mn = part.mn < r.mn ? part.mn : r.mn;
+    r.mx = part.mx > r.mx ? part.mx : r.mx;
+  }
+  if (dtype != NONE) {
+    stats_out[0] = r.sum;
+    stats_out[1] = r.sq;
+    stats_out[2] = r.mn;
+    stats_out[3] = r.mx;
+    counts_out[0] = counts_out[1] = 0;
+    if (!std::isfinite(r.sum) || !std::isfinite(r.sq)) {
+      count_nonfinite(p, nbytes / element_size(dtype), dtype, &counts_out[0], &counts_out[1]);
+      if (counts_out[0]) stats_out[0] = stats_out[1] = stats_out[2] = stats_out[3] = NAN;
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"
