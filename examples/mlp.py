@@ -55,7 +55,7 @@ def build(args: argparse.Namespace):
         num_workers=args.num_workers,
         drop_last=True,
     )
-    model = MLP(args.features, args.hidden, args.classes, args.layers, args.dropout)
+    model = MLP(args.features, args.hidden, args.classes, args.layers, args.dropout).to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     return model, opt, loader, nn.CrossEntropyLoss()
 
@@ -73,6 +73,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (deterministic runs need CUBLAS_WORKSPACE_CONFIG on CUDA)")
     return p.parse_args(argv)
 
 
@@ -82,6 +83,7 @@ def main(argv=None) -> None:
     step = 0
     while step < args.steps:
         for x, y in loader:
+            x, y = x.to(args.device), y.to(args.device)
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()

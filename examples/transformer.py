@@ -74,7 +74,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CPU for the forward pass")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (deterministic runs need CUBLAS_WORKSPACE_CONFIG on CUDA)")
     return p.parse_args(argv)
 
 
@@ -92,7 +93,7 @@ def build(args: argparse.Namespace):
         num_workers=args.num_workers,
         drop_last=True,
     )
-    model = TinyTransformer(args.vocab, args.d_model, args.heads, args.layers, args.seq, args.dropout)
+    model = TinyTransformer(args.vocab, args.d_model, args.heads, args.layers, args.seq, args.dropout).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
     return model, opt, sched, loader
@@ -102,10 +103,11 @@ def main(argv=None) -> None:
     args = parse(argv)
     model, opt, sched, loader = build(args)
     loss_fn = nn.CrossEntropyLoss()
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    autocast = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     step = 0
     while step < args.steps:
         for x, y in loader:
+            x, y = x.to(args.device), y.to(args.device)
             opt.zero_grad()
             with autocast:
                 logits = model(x)

@@ -61,10 +61,19 @@ def _cycle(loader):
         yield from loader
 
 
+DEVICE = "cpu"
+
+
+def _sync() -> None:
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def build(name: str, quick: bool):
+    dev = ["--device", DEVICE]
     if name == "mlp":
         a = mlp_example.parse(["--features", "1024", "--hidden", "1024", "--layers", "4", "--batch-size", "256",
-                               "--samples", "2048", "--dropout", "0.1"] + (["--hidden", "256"] if quick else []))
+                               "--samples", "2048", "--dropout", "0.1"] + (["--hidden", "256"] if quick else []) + dev)
         model, opt, loader, loss_fn = mlp_example.build(a)
 
         def step(x, y):
@@ -75,7 +84,7 @@ def build(name: str, quick: bool):
         stateful = [model, opt]
     else:
         a = tf_example.parse(["--layers", "4", "--d-model", "256", "--seq", "128", "--batch-size", "16",
-                              "--vocab", "256", "--samples", "256"] + (["--layers", "1"] if quick else []))
+                              "--vocab", "256", "--samples", "256"] + (["--layers", "1"] if quick else []) + dev)
         model, opt, sched, loader = tf_example.build(a)
         loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -86,18 +95,21 @@ def build(name: str, quick: bool):
             sched.step()
 
         stateful = [model, opt, sched]
-    return step, _cycle(loader), stateful
+    return step, ((x.to(DEVICE), y.to(DEVICE)) for x, y in _cycle(loader)), stateful
 
 
 def snapshot(stateful: list):
     """A ``reset()`` that puts model, optimizer (and scheduler) and the RNG back to now."""
     saved = [copy.deepcopy(o.state_dict()) for o in stateful]
     rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if DEVICE.startswith("cuda") else None
 
     def reset() -> None:
         for o, st in zip(stateful, saved):
             o.load_state_dict(copy.deepcopy(st))
         torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
     return reset
 
@@ -105,9 +117,11 @@ def snapshot(stateful: list):
 def run_steps(step, data, n: int, cpu: list[float] | None = None) -> list[float]:
     times = []
     for _ in range(n):
+        _sync()
         t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(data)
         step(x, y)
+        _sync()
         times.append(time.perf_counter() - t0)
         if cpu is not None:
             cpu.append(time.process_time() - c0)
@@ -219,8 +233,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller models (a smoke run, not the figures)")
     p.add_argument("--models", default="transformer,mlp")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:n]: where the models train")
     p.add_argument("--cost", action="store_true", help="time only the fingerprint/stats work of one step's tensors, by path")
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     if args.cost:
         with tempfile.TemporaryDirectory() as tmp:
             res = [cost(n, max(args.rounds, 5), args.quick, Path(tmp)) for n in args.models.split(",")]
@@ -243,7 +260,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=1))
         return 0
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {results[0]['samples_per_mode']} steps per mode")
+    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads; medians of {results[0]['samples_per_mode']} steps per mode")
     print(f"{'model':<12}{'plain ms':>10}{'record ms':>11}{'fp-only ms':>12}{'anomaly ms':>12}"
           f"{'record x':>10}{'fp-only x':>11}{'rec-ops x':>11}{'anomaly x':>11}  target (record)")
     for r in results:

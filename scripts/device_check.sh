@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one call on a GPU machine whose python already has torch
+# (run from the repository root; no install: PYTHONPATH points at this checkout).
+# Writes logs under ${OUT:-out/device}. CI has no GPU: there tests/test_cuda.py skips.
+set -uo pipefail
+out=${OUT:-out/device}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REPROBISECT_CACHE_DIR=${REPROBISECT_CACHE_DIR:-/tmp/rb-cache}
+{ nvidia-smi -L; python3 -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; grep -m1 "model name" /proc/cpuinfo; } 2>&1 | tee "$out/machine.txt"
+python3 -m reprobisect.native -v 2>&1 | tee "$out/native.txt"
+timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_fingerprint.py 2>&1 | tee "$out/tests.txt" | tail -25
+timeout 200 python3 scripts/bench/bench_recorder.py --device cuda --rounds 3 --steps 4 2>&1 | tee "$out/bench_cuda.txt"

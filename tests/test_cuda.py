@@ -1,0 +1,188 @@
+"""The CUDA paths: fingerprints and stats computed on the device, one host transfer per step,
+recording a model that trains on the GPU, and state capture with CUDA RNG.
+
+Skipped where no CUDA device is visible (CI has none); run on a GPU machine with
+``./scripts/test.sh tests/test_cuda.py`` (``scripts/device_check.sh`` does, with the
+benchmark). Deterministic CUDA runs need ``CUBLAS_WORKSPACE_CONFIG``, set here for the
+recorded subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from reprobisect.compare import compare_traces  # noqa: E402
+from reprobisect.runners import fingerprint_torch as ft  # noqa: E402
+from reprobisect.trace import read_trace  # noqa: E402
+from reprobisect.trace.fingerprint import ROW, fingerprint, stats  # noqa: E402
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+PY = sys.executable
+ENV = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+PAIRS = [
+    (torch.float32, np.float32),
+    (torch.float16, np.float16),
+    (torch.bfloat16, ml_dtypes.bfloat16),
+    (torch.float64, np.float64),
+    (torch.int64, np.int64),
+    (torch.uint8, np.uint8),
+    (torch.bool, np.bool_),
+    (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn),
+]
+
+
+def _host_bits(t: torch.Tensor, ndtype) -> np.ndarray:
+    c = t.detach().cpu().contiguous()
+    raw = c.reshape(-1).view(torch.uint8).numpy()
+    return raw.view(ndtype).reshape(tuple(c.shape))
+
+
+def _tensor(tdtype, shape, device="cuda") -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(0)
+    if tdtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g, device=device).bool()
+    if not tdtype.is_floating_point:
+        return torch.randint(-1000, 1000, shape, generator=g, device=device).to(tdtype)
+    return (torch.randn(shape, generator=g, device=device) * 3).to(tdtype)
+
+
+@pytest.mark.parametrize("tdtype, ndtype", PAIRS, ids=lambda x: str(x).replace("torch.", ""))
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, ROW + 1), (ft._DEFAULT_BLOCK_ROWS * ROW // 2 + 5,)], ids=str)
+def test_device_fingerprint_and_stats_equal_the_host_reference(tdtype, ndtype, shape):
+    t = _tensor(tdtype, shape)
+    a = _host_bits(t, ndtype)
+    fp, s = ft.fingerprint_and_stats(t)
+    assert fp == fingerprint(a) == ft.fingerprint(t.cpu())
+    want = stats(a)
+    for k in ("norm", "min", "max", "mean"):
+        if isinstance(want[k], str):
+            assert s[k] == want[k], k
+        else:
+            assert s[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), k
+
+
+def test_block_edges_on_the_device():
+    """Accelerators reduce rows in blocks of _DEFAULT_BLOCK_ROWS: across an edge, same value."""
+    rows = ft._DEFAULT_BLOCK_ROWS + 3
+    t = torch.randint(-(2**31), 2**31 - 1, (rows * ROW + 7,), dtype=torch.int64, device="cuda").to(torch.int32)
+    assert ft.fingerprint(t) == fingerprint(t.cpu().numpy())
+
+
+def test_nan_and_inf_counted_on_the_device():
+    t = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0], device="cuda")
+    _, s = ft.fingerprint_and_stats(t)
+    assert (s["nan"], s["inf"], s["mean"]) == (1, 2, "nan")
+
+
+def test_finish_many_over_two_devices_equals_one_by_one():
+    ts = [torch.randn(5, device="cuda"), torch.randn(3 * ROW + 1), torch.randn(2 * ROW, device="cuda").to(torch.bfloat16),
+          torch.arange(7, device="cuda"), torch.zeros(0, device="cuda"), torch.randn(100)]
+    pend = [ft.begin(t) for t in ts]
+    assert ft.finish_many([(p, t) for p, t in zip(pend, ts)]) == [ft.finish(p, source=t) for p, t in zip(pend, ts)]
+
+
+def _record(prog: list[str], trace: Path, *opts: str, steps: int = 3) -> Path:
+    cmd = [PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", str(steps), *opts, "--", *prog]
+    r = subprocess.run(cmd, cwd=trace.parent, capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return trace
+
+
+@pytest.mark.parametrize("example, extra", [("mlp.py", []), ("transformer.py", ["--bf16"])])
+def test_a_cuda_run_recorded_twice_agrees_and_names_the_device(tmp_path, example, extra):
+    prog = [str(EXAMPLES / example), "--device", "cuda", "--seed", "1", *extra]
+    a = _record(prog, tmp_path / "a")
+    b = _record(prog, tmp_path / "b")
+    ta, tb = read_trace(a), read_trace(b)
+    c = compare_traces(ta, tb)
+    assert c, str(c)
+    env = ta.manifest.environment
+    devices = json.dumps(env["torch"]["devices"])
+    assert torch.cuda.get_device_name(0) in devices, devices
+    s = ta.steps[0].scalars
+    assert s["cuda_memory_allocated"] > 0 and s["cuda_memory_reserved"] >= s["cuda_memory_allocated"]
+    assert env["recorder"]["fingerprint"]  # which CPU path; the device tensors used torch ops
+
+
+def test_a_changed_seed_on_cuda_is_found_at_step_zero(tmp_path):
+    a = _record([str(EXAMPLES / "mlp.py"), "--device", "cuda", "--seed", "1"], tmp_path / "a")
+    b = _record([str(EXAMPLES / "mlp.py"), "--device", "cuda", "--seed", "2"], tmp_path / "b")
+    c = compare_traces(read_trace(a), read_trace(b))
+    assert not c and c.first.step == 0
+
+
+SAVE = """
+import sys, numpy as np, torch
+sys.path.insert(0, {examples!r})
+import mlp as ex
+args = ex.parse(["--device", "cuda", "--seed", "5"])
+model, opt, loader, loss_fn = ex.build(args)
+for step, (x, y) in enumerate(loader):
+    x, y = x.cuda(), y.cuda()
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    opt.step()
+    if step == 3:
+        break
+np.save(sys.argv[1], torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy())
+"""
+
+
+def test_recording_on_cuda_does_not_change_numerics(tmp_path):
+    p = tmp_path / "save.py"
+    p.write_text(SAVE.format(examples=str(EXAMPLES)))
+    subprocess.run([PY, str(p), str(tmp_path / "plain.npy")], check=True, timeout=300, capture_output=True, env=ENV)
+    _record([str(p), str(tmp_path / "rec.npy")], tmp_path / "t", "--full-steps", "0", steps=10)
+    assert np.load(tmp_path / "plain.npy").tobytes() == np.load(tmp_path / "rec.npy").tobytes()
+
+
+def test_state_with_cuda_rng_resumes_bitwise(tmp_path):
+    """Captured at step 1 by the launcher (CUDA RNG included: dropout draws on the GPU);
+    restored into fresh objects, steps 2-3 replay bitwise."""
+    import reprobisect.torch as rt
+
+    argv = ["--device", "cuda", "--samples", "256", "--seed", "4", "--dropout", "0.3"]
+    a = _record([str(EXAMPLES / "mlp.py"), *argv], tmp_path / "a", "--state-steps", "1", steps=4)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import mlp as ex
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    args = ex.parse(argv)
+    model, opt, loader, loss_fn = ex.build(args)
+    torch.manual_seed(12345)  # disturb every RNG: restore must put them back
+    torch.cuda.manual_seed_all(12345)
+    rt.restore_state(a, 1, {"model": model, "optimizer": opt}, loader=loader)
+    with rt.record(model, opt, loader, trace=tmp_path / "b", steps=2):
+        done = 0
+        while done < 2:
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                done += 1
+                if done == 2:
+                    break
+    ta, tb = read_trace(a), read_trace(tmp_path / "b")
+    for k in (0, 1):
+        ra = [(r.kind, r.name, r.fingerprint) for r in ta.steps[2 + k].records]
+        rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records]
+        assert ra == rb, f"resumed step {2 + k} differs"
