@@ -64,7 +64,7 @@ def _tensor(tdtype, shape, device="cuda") -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tdtype, ndtype", PAIRS, ids=lambda x: str(x).replace("torch.", ""))
-@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, ROW + 1), (ft._DEFAULT_BLOCK_ROWS * ROW // 2 + 5,)], ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, ROW + 1), (ft._ACCEL_BLOCK_ROWS * ROW // 2 + 5,)], ids=str)
 def test_device_fingerprint_and_stats_equal_the_host_reference(tdtype, ndtype, shape):
     t = _tensor(tdtype, shape)
     a = _host_bits(t, ndtype)
@@ -80,7 +80,7 @@ def test_device_fingerprint_and_stats_equal_the_host_reference(tdtype, ndtype, s
 
 def test_block_edges_on_the_device():
     """Accelerators reduce rows in blocks of _DEFAULT_BLOCK_ROWS: across an edge, same value."""
-    rows = ft._DEFAULT_BLOCK_ROWS + 3
+    rows = ft._ACCEL_BLOCK_ROWS + 3
     t = torch.randint(-(2**31), 2**31 - 1, (rows * ROW + 7,), dtype=torch.int64, device="cuda").to(torch.int32)
     assert ft.fingerprint(t) == fingerprint(t.cpu().numpy())
 

@@ -245,10 +245,23 @@ def test_fingerprint_does_not_change_the_tensor():
 
 def test_eager_cpu_path_equals_the_reference_over_block_edges():
     """The CPU path reduces rows in blocks with int64 mv: rows across block edges, any count."""
-    block = ft._BLOCK_ROWS["cpu"]
+    block = ft._CPU_BLOCK_ROWS
     for rows in (1, block - 1, block, block + 1, 3 * block + 5):
         t = torch.randint(-(2**31), 2**31 - 1, (rows * ROW + 7,), dtype=torch.int64).to(torch.int32)
         assert ft.fingerprint(t) == fingerprint(t.numpy()), rows
+
+
+def test_accelerator_row_sums_equal_the_reference_over_block_edges(monkeypatch):
+    """The accelerator path (zero-padded last row, one multiply + sum per block) is plain
+    torch: run here on CPU, with small blocks, against NumPy."""
+    monkeypatch.setattr(ft, "_ACCEL_BLOCK_ROWS", 3)
+    w = ft._device_weights(torch.device("cpu"))
+    for n in (1, 5, ROW - 1, ROW, ROW + 1, 3 * ROW, 3 * ROW + 2, 7 * ROW + 9):
+        t = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int64).to(torch.int32)
+        got = ft._accel_row_sums(t, w).numpy()
+        want = ft._row_sums(t).numpy() if ft.native.kernel() is None else ft.native.kernel().run(t.data_ptr(), 4 * n, None)[0]
+        assert np.array_equal(got, want), n
+        assert ft.finish_fingerprint("int32", (n,), 4 * n, got) == fingerprint(t.numpy())
 
 
 @pytest.mark.slow

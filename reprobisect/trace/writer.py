@@ -191,7 +191,12 @@ class TraceWriter:
             size, digest = shards.save(self._arrays, self.path / name)
             self._files[name] = {"size": size, "sha256": digest}
         step = Step(step=self._step, records=tuple(self._records), batch_ids=batch_ids, scalars=dict(scalars or {}))
-        self._steps_file.write(json.dumps(json_safe(step.to_json()), separators=(",", ":"), allow_nan=False) + "\n")
+        data = step.to_json()
+        try:  # a clean step is strict JSON as it is; json_safe (a full walk) only when not
+            line = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            line = json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False)
+        self._steps_file.write(line + "\n")
         self._steps_file.flush()
         self._steps_written += 1
         self._last_step = self._step
