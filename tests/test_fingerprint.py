@@ -362,6 +362,33 @@ def test_native_kernel_counts_nan_and_inf_across_chunks(tdtype):
 
 
 @pytest.mark.native_only
+@pytest.mark.parametrize("tdtype, ndtype", [PAIRS[0], PAIRS[2], PAIRS[3], PAIRS[7], PAIRS[9]], ids=_id)
+def test_native_strided_views_equal_a_contiguous_copy(tdtype, ndtype):
+    """Views are gathered block by block: the same row sums and the same statistics bits
+    as the contiguous copy, for transposes, slices, steps, expanded dims and inner strides."""
+    k = _kernel_or_skip()
+    base = _torch_tensor(tdtype, (40, 37, 300), seed=11)
+    views = [base.transpose(0, 1), base[:, 3:30:2], base[..., ::3], base[5:7].permute(2, 0, 1),
+             base[0, :, :1].expand(37, 200), base.transpose(1, 2)[:, 1:]]
+    for v in views:
+        assert not v.is_contiguous()
+        c = v.contiguous()
+        name = ft.dtype_name(tdtype)
+        code = name if name in native.DTYPE_CODES else None
+        got = k.run_strided(v.data_ptr(), v.element_size(), tuple(v.shape), v.stride(), code)
+        want = k.run(c.data_ptr(), c.numel() * c.element_size(), code)
+        assert np.array_equal(got[0], want[0]) and got[2] == want[2], v.stride()
+        assert np.array(got[1]).tobytes() == np.array(want[1]).tobytes(), v.stride()
+        assert ft.fingerprint_and_stats(v) == ft.fingerprint_and_stats(c)
+        assert ft.fingerprint(v) == fingerprint(_to_numpy(c, ndtype))
+    u = base.transpose(0, 2).clone().transpose(0, 2)  # same values, other layout
+    if tdtype.is_floating_point:
+        u[3, 4, 5] = float("nan")
+        w = u.transpose(0, 1)
+        assert ft.fingerprint_and_stats(w)[1] == ft.fingerprint_and_stats(w.contiguous())[1]
+
+
+@pytest.mark.native_only
 def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
     """The vectorised build for this CPU and a portable -O2 build give the same bits: row
     sums (integers) and statistics (the source fixes every float operation and its order)."""

@@ -30,13 +30,14 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 __all__ = ["DTYPE_CODES", "Kernel", "build", "cache_dir", "kernel", "load", "status"]
 
 SOURCE = Path(__file__).with_name("fpstats.cpp")
-ABI_VERSION = 1
+ABI_VERSION = 2
 ROW = 4096
 CHUNK_BYTES = 16 * ROW * 4  # fpstats.cpp's unit the statistics are combined by
 _FLAGS_SETS = (
@@ -66,6 +67,11 @@ class Kernel:
         f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_void_p, ctypes.c_void_p]
         self._f = f
+        g = self.lib.rb_fingerprint_stats_strided
+        g.restype = ctypes.c_int
+        g.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._g = g
         from reprobisect.trace.fingerprint import column_weights
 
         self._w = column_weights()
@@ -82,15 +88,31 @@ class Kernel:
         or tensor).
         """
         code = DTYPE_CODES.get(dtype, 0) if dtype else 0
+        return self._call(lambda at, rows: self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4)),
+                          nbytes, code)
+
+    def run_strided(self, ptr: int, element_size: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                    dtype: str | None) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
+        """``run`` for a strided layout (strides in elements, >= 0; ``ptr`` at the first
+        element): the same results as for a contiguous copy, without making one."""
+        code = DTYPE_CODES.get(dtype, 0) if dtype else 0
+        nd = len(shape)
+        dims = np.array([*shape, *strides], dtype=np.int64)
+        nbytes = element_size * int(np.prod(shape, dtype=np.int64))
+        at_dims = dims.ctypes.data
+        return self._call(lambda at, rows: self._g(ptr, element_size, nd, at_dims, at_dims + 8 * nd, code, self._w_ptr,
+                                                   at, at + 8 * rows, at + 8 * (rows + 4)), nbytes, code)
+
+    def _call(self, fn: Any, nbytes: int, code: int) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         rows = -(-nbytes // (ROW * 4))
         with self._lock:  # one reused output buffer (its address is costly to ask numpy for)
             if rows + 6 > self._buf.size:
                 self._buf = np.empty(max(rows + 6, 2 * self._buf.size), dtype=np.int64)
                 self._buf_ptr = self._buf.ctypes.data
-            buf, at = self._buf, self._buf_ptr  # row sums, then 4 float64 stats, then 2 counts
-            rc = self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4))
+            buf = self._buf  # row sums, then 4 float64 stats, then 2 counts
+            rc = fn(self._buf_ptr, rows)
             if rc != 0:
-                raise ValueError(f"native fingerprint kernel refused dtype code {code}")
+                raise ValueError(f"native fingerprint kernel refused the call (code {rc}, dtype code {code})")
             sums = buf[:rows].copy()
             if not code:
                 return sums, None, (0, 0)

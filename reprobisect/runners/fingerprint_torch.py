@@ -259,18 +259,23 @@ def _native_ok(t: torch.Tensor) -> bool:
 
 
 def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name: str) -> Pending:
-    x = t.contiguous()
-    nbytes = x.numel() * x.element_size()
+    numel = t.numel()
+    es = t.element_size()
+    nbytes = numel * es
     code = name if with_stats and name in native.DTYPE_CODES else None
-    sums, st, counts = kernel.run(x.data_ptr(), nbytes, code)
+    if t.is_contiguous() or t.dim() > 16:
+        t = t.contiguous()
+        sums, st, counts = kernel.run(t.data_ptr(), nbytes, code)
+    else:  # a transposed or sliced view: gathered block by block, no full copy
+        sums, st, counts = kernel.run_strided(t.data_ptr(), es, tuple(t.shape), t.stride(), code)
     stats: Any = None
-    if st is not None and x.numel():
+    if st is not None and numel:
         stats = [st[0], math.sqrt(st[1]) if st[1] >= 0 else st[1], st[2], st[3]]
     elif with_stats and code is None:
-        stats = _stats_tensor(x)  # a dtype the kernel has no statistics for (float8, uint32...)
+        stats = _stats_tensor(t)  # a dtype the kernel has no statistics for (float8, uint32...)
         counts = None
     return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                   numel=t.numel(), counts=counts if stats is not None and code else None)
+                   numel=numel, counts=counts if stats is not None and code else None)
 
 
 def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
@@ -364,6 +369,8 @@ def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, sourc
         nan, inf = p.counts
     elif not math.isfinite(s) and source is not None:
         d = source.detach()
+        if d.is_floating_point() and d.element_size() == 1:
+            d = d.float()  # float8: no isnan/isinf kernels
         nan = int(torch.isnan(d).sum()) if d.is_floating_point() or d.is_complex() else 0
         inf = int(torch.isinf(d).sum()) if d.is_floating_point() or d.is_complex() else 0
     return fp, {
