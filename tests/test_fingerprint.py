@@ -389,6 +389,32 @@ def test_native_strided_views_equal_a_contiguous_copy(tdtype, ndtype):
 
 
 @pytest.mark.native_only
+def test_native_kernel_is_safe_from_several_threads():
+    """Each thread has its own output buffer: concurrent calls (a user's threads, a data
+    pipeline's) never see each other's row sums or statistics."""
+    import threading
+
+    k = _kernel_or_skip()
+    arrays = [np.random.default_rng(i).standard_normal(3 * ROW + i).astype(np.float32) for i in range(4)]
+    want = [(fingerprint(a), stats(a)) for a in arrays]
+    bad: list[int] = []
+
+    def work(i: int) -> None:
+        a = arrays[i]
+        for _ in range(200):
+            sums, st_, _ = k.run(a.ctypes.data, a.nbytes, "float32")
+            if ft.finish_fingerprint("float32", a.shape, a.nbytes, sums) != want[i][0] or st_[2] != want[i][1]["min"]:
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+@pytest.mark.native_only
 def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
     """The vectorised build for this CPU and a portable -O2 build give the same bits: row
     sums (integers) and statistics (the source fixes every float operation and its order)."""

@@ -76,9 +76,7 @@ class Kernel:
 
         self._w = column_weights()
         self._w_ptr = self._w.ctypes.data
-        self._lock = threading.Lock()
-        self._buf = np.empty(1 << 12, dtype=np.int64)
-        self._buf_ptr = self._buf.ctypes.data
+        self._local = threading.local()
 
     def run(self, ptr: int, nbytes: int, dtype: str | None) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         """Row sums of the ``nbytes`` at address ``ptr`` and, for a ``dtype`` in DTYPE_CODES,
@@ -105,19 +103,19 @@ class Kernel:
 
     def _call(self, fn: Any, nbytes: int, code: int) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         rows = -(-nbytes // (ROW * 4))
-        with self._lock:  # one reused output buffer (its address is costly to ask numpy for)
-            if rows + 6 > self._buf.size:
-                self._buf = np.empty(max(rows + 6, 2 * self._buf.size), dtype=np.int64)
-                self._buf_ptr = self._buf.ctypes.data
-            buf = self._buf  # row sums, then 4 float64 stats, then 2 counts
-            rc = fn(self._buf_ptr, rows)
-            if rc != 0:
-                raise ValueError(f"native fingerprint kernel refused the call (code {rc}, dtype code {code})")
-            sums = buf[:rows].copy()
-            if not code:
-                return sums, None, (0, 0)
-            tail = buf[rows : rows + 6]
-            return sums, tail[:4].view(np.float64).tolist(), (int(tail[4]), int(tail[5]))
+        local = self._local  # a reused output buffer per thread (numpy's address lookup is costly)
+        buf = getattr(local, "buf", None)
+        if buf is None or rows + 6 > buf.size:
+            buf = local.buf = np.empty(max(rows + 6, 4096), dtype=np.int64)
+            local.ptr = buf.ctypes.data
+        rc = fn(local.ptr, rows)  # row sums, then 4 float64 stats, then 2 counts
+        if rc != 0:
+            raise ValueError(f"native fingerprint kernel refused the call (code {rc}, dtype code {code})")
+        sums = buf[:rows].copy()
+        if not code:
+            return sums, None, (0, 0)
+        tail = buf[rows : rows + 6]
+        return sums, tail[:4].view(np.float64).tolist(), (int(tail[4]), int(tail[5]))
 
 
 def load(path: Path) -> Kernel:
