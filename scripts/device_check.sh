@@ -10,3 +10,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REPROBISECT
 python3 -m reprobisect.native -v 2>&1 | tee "$out/native.txt"
 timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_fingerprint.py 2>&1 | tee "$out/tests.txt" | tail -25
 timeout 200 python3 scripts/bench/bench_recorder.py --device cuda --rounds 3 --steps 4 2>&1 | tee "$out/bench_cuda.txt"
+timeout 150 python3 scripts/bench/bench_recorder.py --rounds 2 --steps 3 2>&1 | tee "$out/bench_cpu.txt"
