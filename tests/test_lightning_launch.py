@@ -1,7 +1,9 @@
-"""An unmodified Lightning script records under the launcher (global torch hooks).
+"""An unmodified Lightning script records under the launcher (global torch hooks, plus the
+callback Lightning loads from reprobisect's entry point: names from the LightningModule,
+the Trainer's settings in the environment).
 
 Guards the packaging too: a broken Lightning entry point declared by reprobisect would
-make every Lightning script fail to import, which the launcher would report as 'skip'.
+make every Lightning script fail, recorded or not.
 """
 
 from __future__ import annotations
@@ -70,3 +72,25 @@ def test_lightning_script_records_two_steps(tmp_path: Path) -> None:
     assert {"batch", "activation", "loss", "grad", "param"} <= kinds
     assert trace.steps[0].scalars["no_gradients"] is False
     assert trace.steps[0].scalars["lr"] == [0.1]
+    # the callback made the LightningModule the model: names are its state_dict keys
+    names = {(r.kind, r.name) for r in trace.steps[0].records}
+    assert {("param", "body.0.weight"), ("grad", "body.2.bias"), ("activation", "body.0"), ("activation", "body")} <= names, names
+    light = trace.manifest.environment["lightning"]
+    assert light["precision"] == "32-true" and light["accumulate_grad_batches"] == 1 and light["max_steps"] == 6
+
+
+def test_lightning_without_the_launcher_gets_no_callback(tmp_path: Path) -> None:
+    """The entry point is read by every Trainer wherever reprobisect is installed: outside a
+    recorded run it adds nothing and the script runs as it always did."""
+    script = tmp_path / "train_lightning.py"
+    script.write_text(SCRIPT.replace(
+        "trainer.fit(Net(),",
+        "assert not any(type(c).__name__ == 'ReprobisectCallback' for c in trainer.callbacks), trainer.callbacks\n"
+        "    trainer.fit(Net(),",
+    ))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from importlib.metadata import entry_points
+
+    assert any(ep.value == "reprobisect.runners.lightning:callbacks"
+               for ep in entry_points(group="lightning.pytorch.callbacks_factory")), "entry point not installed"

@@ -268,7 +268,8 @@ class _Run:
 
             from reprobisect import native
 
-            environment = collect_environment({"recorder": {"fingerprint": native.status()}})
+            extra = dict(self.recorder.environment_extra) if self.recorder is not None else {}
+            environment = collect_environment({**extra, "recorder": {"fingerprint": native.status()}})
         except Exception as e:  # the trace must still be sealed
             environment = {"error": f"environment record failed: {type(e).__name__}: {e}"}
         notes = list(self.recorder.notes) if self.recorder is not None else []

@@ -174,6 +174,10 @@ def _fingerprintable(t: torch.Tensor) -> bool:
     return not (t.is_sparse or t.is_nested or t.is_meta or getattr(t, "is_mkldnn", False)) and t.layout == torch.strided
 
 
+ACTIVE: "TorchRecorder | None" = None
+"""The recorder installed in this process, if any (Lightning's callback factory asks)."""
+
+
 class TorchRecorder:
     """Records steps of a PyTorch training loop into a ``TraceWriter``.
 
@@ -209,6 +213,7 @@ class TorchRecorder:
         self._scaler: "weakref.ref | None" = None
         self._disk_used = 0
         self._zoom: Any = None
+        self.environment_extra: dict[str, Any] = {}  # merged into the trace's environment (Lightning's settings)
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -304,9 +309,14 @@ class TorchRecorder:
         if self.policy.zoom_module is not None and self.policy.zoom_step is not None:
             self._install_zoom()
         self._installed = True
+        global ACTIVE
+        ACTIVE = self
         return self
 
     def remove(self) -> None:
+        global ACTIVE
+        if ACTIVE is self:
+            ACTIVE = None
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -432,6 +442,8 @@ class TorchRecorder:
         hit = self._roots.get(id(module))
         if hit is not None and hit[0]() is module:
             return hit[1]
+        if id(module) in self._names:  # a submodule of the model, called from outside its forward
+            return self._names[id(module)]
         if self._primary is None:
             prefix = ""
             self._primary = id(module)
@@ -453,6 +465,30 @@ class TorchRecorder:
                 self._hooked.add(id(p))
                 self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
         return prefix
+
+    def set_model(self, module: torch.nn.Module) -> None:
+        """Make ``module`` the model that names modules and parameters: a LightningModule,
+        which training never calls through ``__call__``, so that names match its
+        ``state_dict`` keys. Only before the first step is written (names must not change
+        within a trace); later it is noted and ignored."""
+        hit = self._roots.get(id(module))
+        if hit is not None and hit[0]() is module and self._primary == id(module):
+            return
+        if self.step:
+            self.notes.append(f"model set to {type(module).__name__} after step {self.step}; names kept as they were")
+            return
+        inside = {id(m) for m in module.modules()}
+        for key in [k for k in self._roots if k in inside]:
+            del self._roots[key]
+        self._primary = id(module)
+        self._roots[id(module)] = (weakref.ref(module), "")
+        for path, m in module.named_modules():
+            self._names[id(m)] = path
+        for path, p in module.named_parameters():
+            self._param_names[id(p)] = path
+            if p.requires_grad and id(p) not in self._hooked:
+                self._hooked.add(id(p))
+                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizers.add(optimizer)

@@ -1,0 +1,84 @@
+"""Lightning: a callback that tells the torch recorder what the Trainer knows.
+
+Lightning calls ``training_step`` on the LightningModule directly, never through
+``__call__``, so the global module hooks alone would see the first submodule the step calls
+as the model and name parameters from there (``0.weight`` instead of ``body.0.weight``).
+The callback makes the LightningModule the model (names match its ``state_dict`` keys)
+and records the Trainer's settings that change numerics (precision, gradient
+accumulation, clipping, strategy, devices) in the trace's environment.
+
+It reaches an unmodified script through Lightning's external-callback entry points
+(``lightning.pytorch.callbacks_factory``, ``pytorch_lightning.callbacks_factory``), which
+Lightning reads for EVERY Trainer in every environment where reprobisect is installed.
+So ``callbacks()`` returns nothing unless a recorder is active in this process (a run
+under the launcher), and never raises: a failing factory would break every Lightning user.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["callbacks", "make_callback"]
+
+
+def callbacks() -> list[Any]:
+    """The entry point: ``[callback]`` under an active recorder, else ``[]``."""
+    try:
+        rec = getattr(sys.modules.get("reprobisect.runners.torch"), "ACTIVE", None)
+        if rec is None:
+            return []
+        return [make_callback(rec)]
+    except Exception as e:  # never break the user's Trainer
+        print(f"reprobisect: Lightning callback not added ({type(e).__name__}: {e})", file=sys.stderr)
+        return []
+
+
+def _callback_base() -> type:
+    # the package the script uses: the unified one, else the older standalone one
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            return mod.Callback
+    import lightning.pytorch as pl
+
+    return pl.Callback
+
+
+def _trainer_settings(trainer: Any) -> dict[str, Any]:
+    def get(name: str) -> Any:
+        try:
+            v = getattr(trainer, name)
+        except Exception:
+            return None
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+    out = {name: get(name) for name in (
+        "precision", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+        "num_devices", "num_nodes", "max_steps", "max_epochs", "deterministic",
+    )}
+    strategy = getattr(trainer, "strategy", None)
+    out["strategy"] = type(strategy).__name__ if strategy is not None else None
+    accel = getattr(trainer, "accelerator", None)
+    out["accelerator"] = type(accel).__name__ if accel is not None else None
+    try:
+        import lightning
+
+        out["version"] = lightning.__version__
+    except ImportError:
+        out["version"] = getattr(sys.modules.get("pytorch_lightning"), "__version__", None)
+    return out
+
+
+def make_callback(recorder: Any) -> Any:
+    """A Lightning ``Callback`` bound to ``recorder`` (a ``TorchRecorder``)."""
+
+    class ReprobisectCallback(_callback_base()):  # type: ignore[misc]
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if stage == "fit":
+                recorder.set_model(pl_module)
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            recorder.environment_extra["lightning"] = _trainer_settings(trainer)
+
+    return ReprobisectCallback()
