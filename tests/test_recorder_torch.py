@@ -349,3 +349,41 @@ def test_step_with_closure_records_the_gradients_it_computes(tmp_path: Path) -> 
     assert s["no_gradients"] is False and s["grad_params"] == 4 and s["grad_norm"] > 0
     fp = lambda t: [(r.kind, r.name, r.fingerprint) for st in t.steps for r in st.records]  # noqa: E731
     assert fp(with_closure) == fp(plain)
+
+
+SCALER = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for i in range(6):
+    opt.zero_grad()
+    out = m(x)
+    if i == 1:  # inf gradients from a finite loss: the scaler skips optimizer.step()
+        out.register_hook(lambda g: g * float("inf"))
+    loss = nn.functional.mse_loss(out, y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_a_step_the_grad_scaler_skips_is_its_own_step(tmp_path: Path) -> None:
+    """One trace step per iteration: the skipped one says so and has no param records; the
+    next is not folded into it, and the halved scale shows. Overflowing scaled gradients are
+    what the scaler handles: --stop-on-nonfinite does not stop there."""
+    p = tmp_path / "scaler.py"
+    p.write_text(SCALER)
+    t = read_trace(record([str(p)], tmp_path / "t", "--stop-on-nonfinite", steps=4))
+    assert [s.step for s in t.steps] == [0, 1, 2, 3]
+    s0, s1, s2 = t.steps[0], t.steps[1], t.steps[2]
+    assert s1.scalars["scaler_skipped"] is True and "scaler_skipped" not in s2.scalars
+    assert not [r for r in s1.records if r.kind in ("param", "optim_state")]
+    assert {r.kind for r in s1.records} >= {"activation", "loss", "grad"}
+    assert [r.name for r in s2.records if r.kind == "activation"] == [r.name for r in s0.records if r.kind == "activation"]
+    assert (s0.scalars["scaler_scale"], s1.scalars["scaler_scale"], s2.scalars["scaler_scale"]) == (1024.0, 1024.0, 512.0)
+    assert "first_nonfinite" not in s1.scalars
+    assert any(r.stats["inf"] or r.stats["nan"] for r in s1.records if r.kind == "grad")

@@ -37,6 +37,9 @@ What is observed, and how:
 Scalars per step: ``loss`` (the first loss record, when it is a scalar), ``lr`` (per
 group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
 ``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
+``scaler_skipped`` (true on a step whose inf/NaN gradients made the GradScaler skip
+``optimizer.step()``: the step has no ``param``/``optim_state`` records, and its
+gradients do not count as ``first_nonfinite``),
 ``data_wait_s`` (time inside the DataLoader's ``__next__``), ``record_s`` (time in the
 recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
@@ -211,6 +214,7 @@ class TorchRecorder:
         self._iters: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._loader: "weakref.ref | None" = None
         self._scaler: "weakref.ref | None" = None
+        self._opt_posts = 0  # optimizer steps taken (a GradScaler's skip takes none)
         self._disk_used = 0
         self._zoom: Any = None
         self.environment_extra: dict[str, Any] = {}  # merged into the trace's environment (Lightning's settings)
@@ -407,7 +411,26 @@ class TorchRecorder:
             rec._scaler = weakref.ref(scaler)
             return orig(scaler, outputs)
 
+        orig_step = cls.__dict__["step"]
+
+        def step(scaler, optimizer, *args, **kwargs):
+            # a scaler that finds inf/NaN gradients skips optimizer.step(): no optimizer
+            # hook fires, so the step is ended here, one trace step per training iteration
+            rec._scaler = weakref.ref(scaler)
+            before = rec._opt_posts
+            out = orig_step(scaler, optimizer, *args, **kwargs)
+            if not rec.done and rec._opt_posts == before and rec._entries:
+                rec._skipped_step(optimizer)
+            return out
+
         self._patch(cls, "scale", scale)
+        self._patch(cls, "step", step)
+
+    def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
+        self._optimizers.add(opt)
+        self._record_grads(opt)  # the non-finite gradients that made the scaler skip
+        self._scalars["scaler_skipped"] = True
+        self._end_step(opt)
 
     def _wrap_schedulers(self) -> None:
         try:
@@ -659,6 +682,7 @@ class TorchRecorder:
         self._record_s += time.perf_counter() - t0
 
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        self._opt_posts += 1
         if self.done:
             return
         t0 = time.perf_counter()
@@ -729,7 +753,10 @@ class TorchRecorder:
 
         scalars = self._step_scalars(records)
         first_bad = None
+        skipped = self._scalars.get("scaler_skipped")
         for e, rec in records:
+            if skipped and rec.kind == "grad":
+                continue  # scaled gradients overflowing is what a GradScaler skips a step for
             if rec.stats and (rec.stats.get("nan") or rec.stats.get("inf")):
                 first_bad = f"{rec.kind} '{rec.name}'"
                 break
