@@ -110,6 +110,13 @@ def test_unaligned_storage_offset():
     assert ft.fingerprint(odd) == fingerprint(np.arange(7, dtype=np.uint8)[3:])
 
 
+def test_lazily_negated_and_conjugated_views_are_fingerprinted_by_value():
+    x = torch.randn(3 * ROW + 5)
+    assert ft.fingerprint_and_stats(torch._neg_view(x)) == ft.fingerprint_and_stats(-x)
+    z = torch.randn(100, dtype=torch.complex64)
+    assert ft.fingerprint(z.conj()) == ft.fingerprint(z.conj().resolve_conj()) != ft.fingerprint(z)
+
+
 def test_zero_d_and_empty():
     assert ft.fingerprint(torch.tensor(1.5)) == fingerprint(np.float32(1.5))
     assert ft.fingerprint(torch.tensor(1.5)) != ft.fingerprint(torch.tensor([1.5]))  # shape-aware

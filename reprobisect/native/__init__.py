@@ -39,6 +39,7 @@ __all__ = ["DTYPE_CODES", "Kernel", "build", "cache_dir", "kernel", "load", "sta
 SOURCE = Path(__file__).with_name("fpstats.cpp")
 ABI_VERSION = 2
 ROW = 4096
+BUILD_TIMEOUT_S = 120
 CHUNK_BYTES = 16 * ROW * 4  # fpstats.cpp's unit the statistics are combined by
 _FLAGS_SETS = (
     ["-O3", "-march=native", "-mprefer-vector-width=512"],
@@ -199,10 +200,10 @@ def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = _FLAGS_SETS)
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            r = None
-            errors.append(f"{' '.join(flags)}: {e}")
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:  # a compiler that hangs is not retried
+            Path(tmp).unlink(missing_ok=True)
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {e}") from None
         if r is not None and r.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build of the same file is harmless
             return target

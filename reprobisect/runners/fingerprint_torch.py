@@ -286,6 +286,8 @@ def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
     tensor's device. Both give the same fingerprint.
     """
     t = t.detach()
+    if t.is_neg() or t.is_conj():  # lazily negated/conjugated views: their bytes are not their values
+        t = t.resolve_neg().resolve_conj()
     name = _name(t.dtype)
     if _native_ok(t):
         k = native.kernel()
