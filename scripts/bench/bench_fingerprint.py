@@ -7,9 +7,11 @@ Fingerprint part: ~``--gib`` GiB of tensors of several sizes (half float32, half
 bfloat16). Each method walks all of them once per repetition, repetitions interleaved
 (memcpy, torch, NumPy, ...) so that a busy machine slows every method alike; the best
 repetition counts. Methods: NumPy ``copyto`` into an existing array (the memcpy
-reference), the torch fingerprint (``reprobisect.runners.fingerprint_torch``, eager
-path), the same with stats, the NumPy fingerprint, and with ``--compile`` the opt-in
-``torch.compile`` path (its one-off compile time printed separately).
+reference), the torch fingerprint (``reprobisect.runners.fingerprint_torch``) on its
+default CPU path, the native kernel (``native``, ``native+stats``), the same on the
+torch-op fallback (``torch``, ``torch+stats``), the NumPy fingerprint, and with
+``--compile`` the opt-in ``torch.compile`` op path (its one-off compile time printed
+separately).
 
 Compare part: two traces of the same tensors written through the writer (``--trace-mib``
 of stored tensors each, over a few steps): comparing an identical pair must read no full
@@ -81,33 +83,50 @@ def bench_fingerprints(gib: float, reps: int, use_compile: bool) -> dict[str, fl
     print(f"fingerprint: {sum(map(len, groups.values()))} tensors, {total / 2**30:.2f} GiB (float32 + bfloat16), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {reps} interleaved repetitions")
 
-    # values first: torch and NumPy must agree on every tensor
+    # values first: every path must agree with NumPy on every tensor
     for k in groups:
         for a, t in zip(groups[k], tgroups[k]):
-            if ft.fingerprint(t) != fingerprint(a):
-                sys.exit(f"MISMATCH: torch and NumPy fingerprints differ for a {a.dtype} tensor of {a.nbytes} bytes")
+            if not ft.fingerprint(t) == ops(lambda: ft.fingerprint(t))() == fingerprint(a):
+                sys.exit(f"MISMATCH: fingerprints differ for a {a.dtype} tensor of {a.nbytes} bytes")
+
+    from reprobisect import native
+
+    kernel = native.kernel
+
+    def ops(fn):  # the torch-op path: what a machine without a C++ compiler gets
+        def run():
+            native.kernel = lambda: None
+            try:
+                return fn()
+            finally:
+                native.kernel = kernel
+        return run
 
     def methods_for(k):
         return {
             "memcpy": lambda: [np.copyto(d, a) for d, a in zip(dst[k], groups[k])],
-            "torch": lambda: [ft.fingerprint(t) for t in tgroups[k]],
-            "torch+stats": lambda: [ft.fingerprint_and_stats(t) for t in tgroups[k]],
+            "native": lambda: [ft.fingerprint(t) for t in tgroups[k]],
+            "native+stats": lambda: [ft.fingerprint_and_stats(t) for t in tgroups[k]],
+            "torch": ops(lambda: [ft.fingerprint(t) for t in tgroups[k]]),
+            "torch+stats": ops(lambda: [ft.fingerprint_and_stats(t) for t in tgroups[k]]),
             "numpy": lambda: [fingerprint(a) for a in groups[k]],
         }
 
-    names = ["memcpy", "torch", "torch+stats", "numpy"]
+    names = ["memcpy", "native", "native+stats", "torch", "torch+stats", "numpy"]
+    if kernel() is None:
+        print(f"native kernel: not available ({native.status()}); its columns use torch ops")
     compiled = False
     if use_compile:
         ft.enable_compile(min_bytes=1 << 20)
         big = tgroups[SIZES[0]]
-        compile_s = _time(lambda: ft.fingerprint(big[0])) + _time(lambda: ft.fingerprint(big[1]))
+        compile_s = _time(ops(lambda: ft.fingerprint(big[0]))) + _time(ops(lambda: ft.fingerprint(big[1])))
         if ft._compile_failed:
             print("torch.compile path: not usable here (compile failed); skipped")
         else:
             print(f"torch.compile path (tensors >= 1 MiB): first calls, compiling, took {compile_s:.1f} s")
             for k in groups:
                 for a, t in zip(groups[k], tgroups[k]):
-                    if ft.fingerprint(t) != fingerprint(a):
+                    if ops(lambda: ft.fingerprint(t))() != fingerprint(a):
                         sys.exit("MISMATCH: compiled torch fingerprint differs from NumPy")
             compiled = True
             names.append("torch compiled")
