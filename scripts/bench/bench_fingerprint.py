@@ -83,12 +83,6 @@ def bench_fingerprints(gib: float, reps: int, use_compile: bool) -> dict[str, fl
     print(f"fingerprint: {sum(map(len, groups.values()))} tensors, {total / 2**30:.2f} GiB (float32 + bfloat16), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {reps} interleaved repetitions")
 
-    # values first: every path must agree with NumPy on every tensor
-    for k in groups:
-        for a, t in zip(groups[k], tgroups[k]):
-            if not ft.fingerprint(t) == ops(lambda: ft.fingerprint(t))() == fingerprint(a):
-                sys.exit(f"MISMATCH: fingerprints differ for a {a.dtype} tensor of {a.nbytes} bytes")
-
     from reprobisect import native
 
     kernel = native.kernel
@@ -101,6 +95,12 @@ def bench_fingerprints(gib: float, reps: int, use_compile: bool) -> dict[str, fl
             finally:
                 native.kernel = kernel
         return run
+
+    # values first: every path must agree with NumPy on every tensor
+    for k in groups:
+        for a, t in zip(groups[k], tgroups[k]):
+            if not ft.fingerprint(t) == ops(lambda: ft.fingerprint(t))() == fingerprint(a):
+                sys.exit(f"MISMATCH: fingerprints differ for a {a.dtype} tensor of {a.nbytes} bytes")
 
     def methods_for(k):
         return {
