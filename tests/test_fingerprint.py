@@ -110,6 +110,20 @@ def test_unaligned_storage_offset():
     assert ft.fingerprint(odd) == fingerprint(np.arange(7, dtype=np.uint8)[3:])
 
 
+@pytest.mark.parametrize("tdtype, ndtype", [(torch.uint16, np.uint16), (torch.uint32, np.uint32), (torch.uint64, np.uint64)],
+                         ids=_id)
+def test_wide_unsigned_integers_have_fingerprints_and_stats(tdtype, ndtype):
+    """uint16 token ids and the like: torch has no min/max for them, the recorder must not fail."""
+    a = (np.arange(3 * ROW + 7, dtype=np.int64) * 7919 % 60000).astype(ndtype)
+    a[5] = np.iinfo(ndtype).max
+    t = torch.from_numpy(a.astype(np.int64)).to(tdtype)
+    fp, s = ft.fingerprint_and_stats(t)
+    assert fp == fingerprint(a)
+    want = stats(a)
+    for k in ("norm", "min", "max", "mean"):
+        assert s[k] == pytest.approx(want[k], rel=1e-12), k
+
+
 def test_lazily_negated_and_conjugated_views_are_fingerprinted_by_value():
     x = torch.randn(3 * ROW + 5)
     assert ft.fingerprint_and_stats(torch._neg_view(x)) == ft.fingerprint_and_stats(-x)

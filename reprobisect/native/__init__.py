@@ -51,7 +51,7 @@ _COMMON = ["-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fP
 # canonical dtype name -> the kernel's code for its statistics
 DTYPE_CODES = {
     "float32": 1, "float64": 2, "bfloat16": 3, "float16": 4, "int64": 5, "int32": 6,
-    "int16": 7, "int8": 8, "uint8": 9, "bool": 10,
+    "int16": 7, "int8": 8, "uint8": 9, "bool": 10, "uint16": 11, "uint32": 12, "uint64": 13,
 }
 
 

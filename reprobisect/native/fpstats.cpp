@@ -37,6 +37,7 @@ constexpr int64_t PREFETCH_BYTES = 8192;  // software prefetch this far ahead: t
 
 enum Dtype : int {
   NONE = 0, F32 = 1, F64 = 2, BF16 = 3, F16 = 4, I64 = 5, I32 = 6, I16 = 7, I8 = 8, U8 = 9, BOOL = 10,
+  U16 = 11, U32 = 12, U64 = 13,
 };
 
 struct Partial {
@@ -262,9 +263,9 @@ void count_range(const unsigned char* p, int64_t n, int64_t* nan, int64_t* inf) 
 
 int element_size(int dtype) {
   switch (dtype) {
-    case F32: case I32: return 4;
-    case F64: case I64: return 8;
-    case BF16: case F16: case I16: return 2;
+    case F32: case I32: case U32: return 4;
+    case F64: case I64: case U64: return 8;
+    case BF16: case F16: case I16: case U16: return 2;
     case I8: case U8: case BOOL: return 1;
     default: return 0;
   }
@@ -281,6 +282,9 @@ void do_chunk(const unsigned char* p, int64_t len, int dtype, const uint64_t* w,
     case I16: return chunk<int16_t, I16, true>(p, len, w, row_out, part);
     case I8: return chunk<int8_t, I8, true>(p, len, w, row_out, part);
     case U8: case BOOL: return chunk<uint8_t, U8, true>(p, len, w, row_out, part);
+    case U16: return chunk<uint16_t, U16, true>(p, len, w, row_out, part);
+    case U32: return chunk<uint32_t, U32, true>(p, len, w, row_out, part);
+    case U64: return chunk<uint64_t, U64, true>(p, len, w, row_out, part);
     default: return chunk<uint8_t, U8, false>(p, len, w, row_out, part);
   }
 }

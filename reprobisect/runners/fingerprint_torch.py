@@ -164,6 +164,7 @@ class Pending:
     counts: tuple[int, int] | None = None  # (nan, inf), when already counted
 
 
+_WIDE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 _STATS_BLOCK = 1 << 15  # elements: a 256 KiB float64 scratch, at ATen's grain size (no fork per block)
 
 
@@ -177,6 +178,8 @@ def _stats_tensor(t: torch.Tensor) -> torch.Tensor | None:
         t = t.to(torch.uint8)
     if t.dtype.is_floating_point and t.element_size() == 1:
         t = t.to(torch.float32)  # float8: torch cannot promote it in sum/norm
+    elif t.dtype in _WIDE_UNSIGNED:
+        t = t.to(torch.float64)  # uint16/32/64: torch has no min/max/sum kernels for them
     x = t.reshape(-1)
     if x.device.type == "cpu" and x.dtype != torch.float64 and x.numel() > _STATS_BLOCK:
         # sum(dtype=float64) widens the whole tensor out of cache: ~30x slower than the
