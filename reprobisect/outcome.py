@@ -5,7 +5,7 @@ dependency failure, command not found: git bisect's 125); ``crashed`` — an exc
 after training started (with step and traceback); ``nonfinite`` — stopped at the first
 NaN/Inf when asked to; ``no_steps`` — the command ended without stepping an optimizer;
 ``timeout`` and ``infra`` — the probe was killed from outside (timeout, signal, lost
-worker): never evidence about the code.
+worker), or reprobisect's own recorder failed inside the run: never evidence about the code.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["OUTCOMES", "Outcome", "LAUNCH_EXIT"]
 OUTCOMES = ("ok", "skip", "crashed", "nonfinite", "no_steps", "timeout", "infra")
 
 # Exit status of `python -m reprobisect.runners.launch` for each outcome it can see itself.
-LAUNCH_EXIT = {"ok": 0, "crashed": 3, "nonfinite": 4, "skip": 5, "no_steps": 6}
+LAUNCH_EXIT = {"ok": 0, "crashed": 3, "nonfinite": 4, "skip": 5, "no_steps": 6, "infra": 7}
 
 
 @dataclass(frozen=True)

@@ -387,3 +387,53 @@ def test_a_step_the_grad_scaler_skips_is_its_own_step(tmp_path: Path) -> None:
     assert (s0.scalars["scaler_scale"], s1.scalars["scaler_scale"], s2.scalars["scaler_scale"]) == (1024.0, 1024.0, 512.0)
     assert "first_nonfinite" not in s1.scalars
     assert any(r.stats["inf"] or r.stats["nan"] for r in s1.records if r.kind == "grad")
+
+
+BROKEN_RECORDER = """
+import inspect, sys
+import torch
+from torch import nn
+import reprobisect.runners.fingerprint_torch as ft
+
+orig = ft.begin
+calls = 0
+def begin(t, with_stats=True):  # the recorder's own code failing, from inside {where}
+    global calls
+    if any(f.function == "{where}" for f in inspect.stack()[1:6]):
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("boom inside the recorder")
+    return orig(t, with_stats)
+ft.begin = begin
+
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for i in range(100):
+    opt.zero_grad()
+    nn.functional.mse_loss(m(x), y).backward()
+    opt.step()
+print("finished", i, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("where", ["_fwd", "_grad_hook", "_opt_post"])
+def test_a_failure_of_the_recorder_is_infra_never_the_programs_crash(tmp_path: Path, where: str) -> None:
+    """A bug in reprobisect's own hooks must not read as the user's program crashing (a
+    search would blame a commit for it): the probe ends as infra, promptly, and says why.
+    Also from the gradient hook, which runs inside the autograd engine."""
+    p = tmp_path / "broken.py"
+    p.write_text(BROKEN_RECORDER.replace("{where}", where))
+    trace = tmp_path / "t"
+    cmd = [PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", "50", "--", str(p)]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert "finished" not in r.stderr  # stopped at the next safe point, not after 100 steps
+    assert "recorder failed" in r.stderr and "boom inside the recorder" in r.stderr
+    from reprobisect.outcome import Outcome
+
+    t = read_trace(trace, allow_incomplete=True)
+    o = Outcome.from_json(t.manifest.outcome)
+    assert o.status == "infra" and "reprobisect bug" in o.detail and "boom" in (o.traceback or "")
+    assert o.step is not None and o.step <= 2

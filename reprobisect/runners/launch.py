@@ -28,6 +28,9 @@ returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
   step: a script that exits with an error status is a failing command), with the step it
   happened in and the traceback. Trace ``failed``; steps already written stay readable
   with ``allow_incomplete``.
+- ``infra`` (7): reprobisect's own recorder failed inside the run (a bug of ours, caught
+  in its hooks): the run is stopped at the next safe point and the probe is never counted
+  as evidence about the program. Trace ``failed``.
 - ``nonfinite`` (4): ``--stop-on-nonfinite`` and a NaN/Inf appeared; the trace is
   ``complete`` up to and including that step and names the first non-finite record.
 - ``no_steps`` (6): the script ended without any optimizer step (it never imported torch,
@@ -218,6 +221,8 @@ class _Run:
         return self._ended()
 
     def _ended(self, how: str = "ended") -> Outcome:
+        if self.recorder is not None and self.recorder.failed is not None and self.recorder.stop is not None:
+            return _stop_outcome(self.recorder.stop)  # the program ended before the recorder could stop it
         if self.steps_done == 0:
             if self.recorder is None:
                 why = "it never imported torch (no supported framework)"
@@ -231,14 +236,11 @@ class _Run:
 
     def _classify(self, e: BaseException) -> Outcome:
         from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
+        if not from_stop and self.recorder is not None and self.recorder.stop is not None:
+            e = self.recorder.stop  # the recorder stopped the run and the program turned that into another exception
+            from_stop = True
         if from_stop:
-            status = "ok" if e.reason == "ok" else "nonfinite"  # type: ignore[attr-defined]
-            return Outcome(status, detail=e.detail, step=e.step if status != "ok" else None)  # type: ignore[attr-defined]
-        if self.recorder is not None and self.recorder.stop is not None:
-            # the recorder stopped the run and the program turned that into another exception
-            stop = self.recorder.stop
-            return Outcome("ok" if stop.reason == "ok" else "nonfinite", detail=stop.detail,
-                           step=None if stop.reason == "ok" else stop.step)
+            return _stop_outcome(e)
         step = self.steps_done
         if isinstance(e, SystemExit):
             code = e.code
@@ -311,6 +313,14 @@ class _Run:
                 if child.is_alive():
                     child.kill()
                     child.join(1)
+
+
+def _stop_outcome(stop: Any) -> Outcome:
+    """How a run the recorder stopped ended: ``ok``, ``nonfinite``, or ``infra`` when the
+    recorder itself failed (never the program's crash: see runners.torch._hook)."""
+    status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra"}[stop.reason]
+    return Outcome(status, detail=stop.detail, step=None if status == "ok" else stop.step,
+                   traceback=getattr(stop, "traceback", None) if status == "infra" else None)
 
 
 def _format_tb(e: BaseException) -> str:

@@ -57,10 +57,12 @@ the next step; LBFGS-style closures that run forward inside ``step()`` are not s
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
 import time
+import traceback
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -119,11 +121,12 @@ class StopRun(BaseException):
     ``except Exception`` does not swallow it.
     """
 
-    def __init__(self, reason: str, step: int, detail: str = "") -> None:
+    def __init__(self, reason: str, step: int, detail: str = "", traceback: str | None = None) -> None:
         super().__init__(f"reprobisect: {reason} at step {step}")
-        self.reason = reason
+        self.reason = reason  # ok | nonfinite | recorder_error
         self.step = step
         self.detail = detail
+        self.traceback = traceback
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray | None:
@@ -181,6 +184,25 @@ ACTIVE: "TorchRecorder | None" = None
 """The recorder installed in this process, if any (Lightning's callback factory asks)."""
 
 
+def _hook(fn: Callable) -> Callable:
+    """A recorder hook: its own failure must never read as the user's program crashing (a
+    reprobisect bug is no evidence about their code, and a search would blame a commit for
+    it). It ends the probe as ``infra`` instead: raised at once from Python-level hooks,
+    from the autograd engine's gradient hook at the next forward or optimizer hook."""
+
+    @functools.wraps(fn)
+    def hook(self: "TorchRecorder", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as e:  # StopRun and KeyboardInterrupt are BaseExceptions: they pass
+            stop = self._internal_error(fn.__name__, e)
+            if self.stop_at_limit and fn.__name__ != "_grad_hook":
+                raise stop from None
+            return None
+
+    return hook
+
+
 class TorchRecorder:
     """Records steps of a PyTorch training loop into a ``TraceWriter``.
 
@@ -218,6 +240,7 @@ class TorchRecorder:
         self._disk_used = 0
         self._zoom: Any = None
         self.environment_extra: dict[str, Any] = {}  # merged into the trace's environment (Lightning's settings)
+        self.failed: str | None = None  # the recorder's own failure, if any (see _hook)
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -388,11 +411,7 @@ class TorchRecorder:
 
         def backward(tensors, *args, **kwargs):
             if not rec.done:
-                t0 = time.perf_counter()
-                for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
-                    if isinstance(t, torch.Tensor):
-                        rec._add("loss", "loss", t)
-                rec._record_s += time.perf_counter() - t0
+                rec._add_losses(tensors)
             return orig(tensors, *args, **kwargs)
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -425,6 +444,15 @@ class TorchRecorder:
 
         self._patch(cls, "scale", scale)
         self._patch(cls, "step", step)
+
+    @_hook
+    @_hook
+    def _add_losses(self, tensors: Any) -> None:
+        t0 = time.perf_counter()
+        for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
+            if isinstance(t, torch.Tensor):
+                self._add("loss", "loss", t)
+        self._record_s += time.perf_counter() - t0
 
     def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         self._optimizers.add(opt)
@@ -489,6 +517,25 @@ class TorchRecorder:
                 self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
         return prefix
 
+    def _internal_error(self, where: str, e: Exception) -> StopRun:
+        """Record the recorder's own failure once, go quiet, and return the StopRun that
+        ends the probe as ``infra``."""
+        if self.failed is None:
+            self.failed = f"{where.lstrip('_')}: {type(e).__name__}: {e}"
+            detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
+                      "not your program's: this probe is no evidence either way")
+            self.notes.append(detail)
+            print(f"reprobisect: {detail}", file=sys.stderr)
+            self.done = True
+            self._cache.clear()
+            self.stop = StopRun("recorder_error", self.step, detail, traceback.format_exc())
+        assert self.stop is not None
+        return self.stop
+
+    def _raise_if_failed(self) -> None:
+        if self.failed is not None and self.stop_at_limit and self.stop is not None:
+            raise self.stop
+
     def set_model(self, module: torch.nn.Module) -> None:
         """Make ``module`` the model that names modules and parameters: a LightningModule,
         which training never calls through ``__call__``, so that names match its
@@ -532,7 +579,9 @@ class TorchRecorder:
 
     # -- hooks --------------------------------------------------------------------
 
+    @_hook
     def _fwd_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        self._raise_if_failed()
         self._stack.append(module)
         self._in_stack.append(None)
         if self.done or not torch.is_grad_enabled():
@@ -549,6 +598,7 @@ class TorchRecorder:
             self._in_stack[-1] = [self._begin(t) for t in _tensors(args) if _fingerprintable(t)]
         self._record_s += time.perf_counter() - t0
 
+    @_hook
     def _fwd(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         inputs = None
         if self._stack and self._stack[-1] is module:
@@ -596,6 +646,7 @@ class TorchRecorder:
         e.seq = len(self._entries)
         self._entries.append(e)
 
+    @_hook
     def _grad_hook(self, p: torch.Tensor) -> None:
         if self.done or p.grad is None or p.grad.is_sparse:
             return
@@ -608,6 +659,7 @@ class TorchRecorder:
             else:
                 self._grad_seen[id(p)] = (weakref.ref(g), g._version, _norm(g))
 
+    @_hook
     def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
         if self._t0 is None:
             self._t0 = t0
@@ -633,7 +685,9 @@ class TorchRecorder:
                 self._add("batch", f"data[{i}]", t)
         self._record_s += time.perf_counter() - t1
 
+    @_hook
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> Any:
+        self._raise_if_failed()
         if self.done:
             return None
         self._optimizers.add(opt)
@@ -681,6 +735,7 @@ class TorchRecorder:
         self._scalars["no_gradients"] = have == 0
         self._record_s += time.perf_counter() - t0
 
+    @_hook
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         self._opt_posts += 1
         if self.done:
