@@ -186,3 +186,37 @@ def test_state_with_cuda_rng_resumes_bitwise(tmp_path):
         ra = [(r.kind, r.name, r.fingerprint) for r in ta.steps[2 + k].records]
         rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records]
         assert ra == rb, f"resumed step {2 + k} differs"
+
+
+AMP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # overflows in fp16 until it has halved enough
+x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+for i in range(40):
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(m(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_fp16_amp_steps_the_scaler_skips_are_their_own_steps(tmp_path):
+    """fp16 autocast with a GradScaler whose first scales overflow: each skipped iteration is
+    one trace step flagged scaler_skipped (no param records), then normal steps follow."""
+    p = tmp_path / "amp.py"
+    p.write_text(AMP)
+    t = read_trace(_record([str(p)], tmp_path / "t", "--stop-on-nonfinite", steps=30))
+    skipped = [s.step for s in t.steps if s.scalars.get("scaler_skipped")]
+    assert len(t.steps) == 30 and skipped and skipped == list(range(len(skipped))), skipped
+    for s in t.steps:
+        kinds = {r.kind for r in s.records}
+        assert ("param" in kinds) != bool(s.scalars.get("scaler_skipped")), s.step
+        assert [r.name for r in s.records if r.kind == "activation"] == ["0", "1", "2"], s.step
+    scales = [s.scalars["scaler_scale"] for s in t.steps[: len(skipped) + 1]]
+    assert scales == [2.0**40 / 2**k for k in range(len(skipped) + 1)]
