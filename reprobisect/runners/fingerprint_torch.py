@@ -267,7 +267,8 @@ def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name
     nbytes = numel * es
     code = name if with_stats and name in native.DTYPE_CODES else None
     if t.is_contiguous() or t.dim() > 16:
-        t = t.contiguous()
+        if not t.is_contiguous():
+            t = t.contiguous()
         sums, st, counts = kernel.run(t.data_ptr(), nbytes, code)
     else:  # a transposed or sliced view: gathered block by block, no full copy
         sums, st, counts = kernel.run_strided(t.data_ptr(), es, tuple(t.shape), t.stride(), code)
