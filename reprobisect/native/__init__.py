@@ -6,7 +6,9 @@ min/max), ~2.5 ns per element on a small CPU, which made recording 1.5-2.3x a pl
 The kernel reads each tensor once at near memory speed, computing the exact same row sums
 as ``reprobisect.trace.fingerprint`` (integer arithmetic: bit-identical) and float64
 statistics defined by its source alone (no fast-math, no FMA contraction, fixed chunking:
-the same bits give the same statistics on any machine and any thread count).
+the same bits give the same statistics on any machine). Strided views are read block by
+block, without a contiguous copy. Single-threaded: a second thread measured no faster
+inside a training step (the framework's threads hold the cores and the memory path).
 
 Built with the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) for the
 machine's own CPU (``-march=native``), into ``$REPROBISECT_CACHE_DIR/native`` (default
@@ -46,7 +48,7 @@ _FLAGS_SETS = (
     ["-O3", "-march=native"],
     ["-O2"],
 )
-_COMMON = ["-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread"]
+_COMMON = ["-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 
 # canonical dtype name -> the kernel's code for its statistics
 DTYPE_CODES = {
