@@ -446,7 +446,6 @@ class TorchRecorder:
         self._patch(cls, "step", step)
 
     @_hook
-    @_hook
     def _add_losses(self, tensors: Any) -> None:
         t0 = time.perf_counter()
         for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
@@ -454,6 +453,7 @@ class TorchRecorder:
                 self._add("loss", "loss", t)
         self._record_s += time.perf_counter() - t0
 
+    @_hook
     def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
         self._optimizers.add(opt)
         self._record_grads(opt)  # the non-finite gradients that made the scaler skip
