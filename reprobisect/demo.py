@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -29,76 +30,84 @@ __all__ = ["DemoRepo", "build_demo_repo", "run_demo", "DEMO_COMMAND", "TRAIN_PY"
 DEMO_COMMAND = ("python", "train.py", "--steps", "20", "--seed", "0")
 """The command the demo bisects (the probe stops it after ``--steps`` of the search)."""
 
-TRAIN_PY = '''"""Train a small MLP classifier on generated data."""
+# The generated project's files, indented here (dedented at import) so that their
+# ``import torch`` lines are not read as this module's imports.
+TRAIN_PY = textwrap.dedent(
+    '''\
+    """Train a small MLP classifier on generated data."""
 
-import argparse
+    import argparse
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
 
-from model import MLP
-
-
-def make_data(n=512, dim=32, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, dim, generator=g)
-    w = torch.randn(dim, classes, generator=g)
-    y = (x @ w).argmax(1)
-    return TensorDataset(x, y)
+    from model import MLP
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    args = p.parse_args()
-
-    torch.manual_seed(args.seed)
-    data = make_data(seed=args.seed)
-    loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(args.seed))
-    model = MLP(32, 64, 4)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    loss_fn = nn.CrossEntropyLoss()
-
-    step = 0
-    while step < args.steps:
-        for x, y in loader:
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            step += 1
-            if step >= args.steps:
-                break
-    print(f"final loss {loss.item():.4f}")
+    def make_data(n=512, dim=32, classes=4, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, dim, generator=g)
+        w = torch.randn(dim, classes, generator=g)
+        y = (x @ w).argmax(1)
+        return TensorDataset(x, y)
 
 
-if __name__ == "__main__":
-    main()
-'''
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--steps", type=int, default=20)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--lr", type=float, default=1e-3)
+        args = p.parse_args()
 
-MODEL_PY = '''"""The model: a small MLP with LayerNorm."""
+        torch.manual_seed(args.seed)
+        data = make_data(seed=args.seed)
+        loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(args.seed))
+        model = MLP(32, 64, 4)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        loss_fn = nn.CrossEntropyLoss()
 
-from torch import nn
+        step = 0
+        while step < args.steps:
+            for x, y in loader:
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                step += 1
+                if step >= args.steps:
+                    break
+        print(f"final loss {loss.item():.4f}")
 
 
-class MLP(nn.Module):
-    def __init__(self, dim, hidden, classes):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(dim, hidden),
-            nn.LayerNorm(hidden, eps=1e-5),
-            nn.GELU(),
-            nn.Linear(hidden, hidden),
-            nn.GELU(),
-            nn.Linear(hidden, classes),
-        )
+    if __name__ == "__main__":
+        main()
+    '''
+)
 
-    def forward(self, x):
-        return self.net(x)
-'''
+MODEL_PY = textwrap.dedent(
+    '''\
+    """The model: a small MLP with LayerNorm."""
+
+    from torch import nn
+
+
+    class MLP(nn.Module):
+        def __init__(self, dim, hidden, classes):
+            super().__init__()
+            self.net = nn.Sequential(
+                nn.Linear(dim, hidden),
+                nn.LayerNorm(hidden, eps=1e-5),
+                nn.GELU(),
+                nn.Linear(hidden, hidden),
+                nn.GELU(),
+                nn.Linear(hidden, classes),
+            )
+
+        def forward(self, x):
+            return self.net(x)
+    '''
+)
 
 README_MD = """# tiny-mlp
 
