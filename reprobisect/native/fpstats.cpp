@@ -82,33 +82,27 @@ inline int64_t fp_total(__m512i a0, __m512i a1) {
 }
 #endif
 
-// Row sums of whole rows (n_rows * ROW lanes starting at p).
-void row_sums(const unsigned char* p, int64_t n_rows, const uint64_t* w, int64_t* out) {
+// The sum of one whole row (ROW lanes starting at q).
+int64_t row_sum(const unsigned char* q, const uint64_t* w) {
 #ifdef RB_AVX512
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const unsigned char* q = p + r * ROW * 4;
-    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
-    for (int64_t j = 0; j < ROW; j += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(q + j * 4 + PREFETCH_BYTES), _MM_HINT_T0);
-      fp16(_mm512_loadu_si512(q + j * 4), w + j, a0, a1);
-    }
-    out[r] = fp_total(a0, a1);
+  __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+  for (int64_t j = 0; j < ROW; j += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(q + j * 4 + PREFETCH_BYTES), _MM_HINT_T0);
+    fp16(_mm512_loadu_si512(q + j * 4), w + j, a0, a1);
   }
-  return;
+  return fp_total(a0, a1);
+#else
+  uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t j = 0; j < ROW; j += 8) {
+    for (int k = 0; k < 8; ++k) {
+      int32_t lane = load<int32_t>(q + (j + k) * 4);
+      acc[k] += uint64_t(int64_t(lane)) * w[j + k];
+    }
+  }
+  uint64_t s = 0;
+  for (int k = 0; k < 8; ++k) s += acc[k];
+  return int64_t(s);
 #endif
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const unsigned char* q = p + r * ROW * 4;
-    uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t j = 0; j < ROW; j += 8) {
-      for (int k = 0; k < 8; ++k) {
-        int32_t lane = load<int32_t>(q + (j + k) * 4);
-        acc[k] += uint64_t(int64_t(lane)) * w[j + k];
-      }
-    }
-    uint64_t s = 0;
-    for (int k = 0; k < 8; ++k) s += acc[k];
-    out[r] = int64_t(s);
-  }
 }
 
 // The row sum of the last, partial row: `nbytes` bytes (not a multiple of ROW*4), zero-padded.
@@ -241,7 +235,7 @@ void chunk(const unsigned char* p, int64_t len, const uint64_t* w, int64_t* row_
       continue;
     }
 #endif
-    row_sums(q, 1, w, row_out + r);
+    row_out[r] = row_sum(q, w);
     if constexpr (STATS) acc.add(q, ROW * 4 / int64_t(sizeof(T)));
   }
   int64_t rest = len - full * ROW * 4;
