@@ -73,23 +73,15 @@ def _trainer_settings(trainer: Any) -> dict[str, Any]:
 def make_callback(recorder: Any) -> Any:
     """A Lightning ``Callback`` bound to ``recorder`` (a ``TorchRecorder``)."""
 
-    def guarded(where: str, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as e:  # our failure, not the user's: the probe ends as infra
-            stop = recorder._internal_error(where, e)
-            if recorder.stop_at_limit:
-                raise stop from None
-
     def set_settings(trainer: Any) -> None:
         recorder.environment_extra["lightning"] = _trainer_settings(trainer)
 
     class ReprobisectCallback(_callback_base()):  # type: ignore[misc]
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if stage == "fit":
-                guarded("lightning_setup", recorder.set_model, pl_module)
+                recorder.guarded("lightning_setup", recorder.set_model, pl_module)
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            guarded("lightning_fit_start", set_settings, trainer)
+            recorder.guarded("lightning_fit_start", set_settings, trainer)
 
     return ReprobisectCallback()

@@ -192,13 +192,7 @@ def _hook(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def hook(self: "TorchRecorder", *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(self, *args, **kwargs)
-        except Exception as e:  # StopRun and KeyboardInterrupt are BaseExceptions: they pass
-            stop = self._internal_error(fn.__name__, e)
-            if self.stop_at_limit and fn.__name__ != "_grad_hook":
-                raise stop from None
-            return None
+        return self.guarded(fn.__name__, fn, self, *args, stop_now=fn.__name__ != "_grad_hook", **kwargs)
 
     return hook
 
@@ -510,12 +504,15 @@ class TorchRecorder:
             full = prefix + ("." if prefix and path else "") + path
             self._names.setdefault(id(m), full or prefix)
         for path, p in module.named_parameters():
-            full = prefix + ("." if prefix else "") + path
-            self._param_names.setdefault(id(p), full)
-            if p.requires_grad and id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+            self._param_names.setdefault(id(p), prefix + ("." if prefix else "") + path)
+            self._watch_grad(p)
         return prefix
+
+    def _watch_grad(self, p: torch.Tensor) -> None:
+        """Hook ``p``'s gradient once it is accumulated (the gradient before clipping)."""
+        if p.requires_grad and id(p) not in self._hooked:
+            self._hooked.add(id(p))
+            self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
 
     def _internal_error(self, where: str, e: Exception) -> StopRun:
         """Record the recorder's own failure once, go quiet, and return the StopRun that
@@ -531,6 +528,18 @@ class TorchRecorder:
             self.stop = StopRun("recorder_error", self.step, detail, traceback.format_exc())
         assert self.stop is not None
         return self.stop
+
+    def guarded(self, where: str, fn: Callable, *args: Any, stop_now: bool = True, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its failure being the recorder's own (see ``_hook``):
+        noted, and the run stopped as ``infra`` (``stop_now``: at once; else at the next
+        forward or optimizer hook). Runners' callbacks (Lightning's) call through this."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # StopRun and KeyboardInterrupt are BaseExceptions: they pass
+            stop = self._internal_error(where, e)
+            if self.stop_at_limit and stop_now:
+                raise stop from None
+            return None
 
     def _raise_if_failed(self) -> None:
         if self.failed is not None and self.stop_at_limit and self.stop is not None:
@@ -556,9 +565,7 @@ class TorchRecorder:
             self._names[id(m)] = path
         for path, p in module.named_parameters():
             self._param_names[id(p)] = path
-            if p.requires_grad and id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                self._param_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+            self._watch_grad(p)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizers.add(optimizer)
