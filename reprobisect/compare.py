@@ -529,6 +529,11 @@ class Comparison:
     bytes_read: int = 0
     status_a: str = "complete"
     status_b: str = "complete"
+    explanation: str = ""
+    """A likely explanation shown under the first divergence (``lr differs: 0.001 vs 0.002
+    at step 0`` next to a ``param`` divergence whose gradients agreed); ``reprobisect.hints``."""
+    hints: tuple[str, ...] = ()
+    """Likely causes the evidence supports (no seed set, string hashing); ``reprobisect.hints``."""
 
     def __bool__(self) -> bool:
         return self.first is None and not self.structure
@@ -563,6 +568,8 @@ class Comparison:
             "per_step": [s.to_json() for s in self.per_step],
             "tensors_read": self.tensors_read,
             "bytes_read": self.bytes_read,
+            "explanation": self.explanation or None,
+            "hints": list(self.hints),
         }
 
     def __str__(self) -> str:
@@ -665,13 +672,19 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         ident = close = differ = 0
         step_max: float | None = None
         diverged_modules: list[str] = []  # containers of these, later in the step, only pass it on
+        n_step = 0  # records of this step on either side (a one-sided record counts once), + batch ids
+        if sa.batch_ids is not None and sb.batch_ids is not None:
+            n_step += 1
         bd = _batch_diff(sa, sb)
+        if bd is None and sa.batch_ids is not None and sb.batch_ids is not None:
+            ident += 1
         if bd is not None:
             differ += 1
             keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, origin=not divergences,
                             localization="first" if not divergences else "propagation"))
         for ra, rb in _pair_records(sa, sb):
             n_records += 1
+            n_step += 1
             if ra is None or rb is None:
                 r = ra or rb
                 assert r is not None
@@ -700,7 +713,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
                 diverged_modules.append(ra.name)
             keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
                             origin=loc in ("origin", "first"), localization=loc, order=ra.order))
-        summaries.append(StepSummary(k, len(sa.records), ident, close, differ, step_max))
+        summaries.append(StepSummary(k, n_step, ident, close, differ, step_max))
 
     first = divergences[0] if divergences else None
     if first is None and structure:
@@ -710,7 +723,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
                            TensorDiff("missing", "structure", detail=structure), origin=True,
                            localization="first", only_in=side)
     nxt = tuple(divergences[1:])
-    return Comparison(
+    comp = Comparison(
         a=str(a.path),
         b=str(b.path),
         tolerance=tolerance,
@@ -731,6 +744,18 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         status_a=a.manifest.status,
         status_b=b.manifest.status,
     )
+    if first is not None and not structure:
+        from dataclasses import replace as _replace
+
+        from reprobisect import hints as _hints
+
+        try:  # a hint is a courtesy: never lose the comparison over one
+            explanation = _hints.lr_note(a, b, comp) or ""
+            found = tuple(_hints.divergence_hints(a, b, comp))
+        except Exception:
+            explanation, found = "", ()
+        comp = _replace(comp, explanation=explanation, hints=found)
+    return comp
 
 
 def _localize(ra: Record, rb: Record, earlier: bool, diverged_modules: list[str]) -> str:

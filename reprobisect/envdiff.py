@@ -79,16 +79,21 @@ class EnvChange:
         return "removed" if self.b is ABSENT else "changed"
 
     def __str__(self) -> str:
-        return f"{self.path}: {_show(self.a)} -> {_show(self.b)}"
+        whole = self.path.rsplit(".", 1)[-1] in _WHOLE
+        return f"{self.path}: {_show(self.a, whole)} -> {_show(self.b, whole)}"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _show(v: Any) -> str:
+_WHOLE = ("argv", "command", "orig_argv")
+"""Keys whose values are shown whole: a command line's differing flag may be its last word."""
+
+
+def _show(v: Any, whole: bool = False) -> str:
     if isinstance(v, str):
         return v if v == ABSENT else repr(v)
-    return repr(v) if not isinstance(v, (list, dict)) else _short(v)
+    return repr(v) if whole or not isinstance(v, (list, dict)) else _short(v)
 
 
 def _short(v: Any, limit: int = 120) -> str:

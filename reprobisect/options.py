@@ -29,7 +29,7 @@ import click
 
 from reprobisect.errors import UsageError
 
-__all__ = ["ProbeOptions", "probe_options", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
+__all__ = ["ProbeOptions", "probe_options", "link_option", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
 
 TOLERANCES = ("bitwise", "default")
 
@@ -71,6 +71,9 @@ class ProbeOptions:
     device type) or 'spread' (two nodes, on purpose); None: pack."""
     config: Path | None = None
     """The config file these options were read from, if any."""
+    link: tuple[str, ...] = ()
+    """Paths of the user's checkout (relative to the repository root: ignored data, untracked
+    configs, caches) symlinked into every probe's worktree (``--link``, config ``link: [..]``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -117,6 +120,7 @@ class ProbeOptions:
         for k in ("out", "config"):
             d[k] = str(d[k]) if d[k] is not None else None
         d["full_steps"] = list(self.full_steps)
+        d["link"] = list(self.link)
         return d
 
 
@@ -184,6 +188,11 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     try:
         if name == "full_steps":
             return parse_steps(value)
+        if name == "link":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in items):
+                raise ValueError
+            return tuple(items)
         if name in ("steps", "jobs"):
             if isinstance(value, bool):
                 raise ValueError
@@ -209,7 +218,7 @@ def build_options(cli: dict[str, Any], config: str | Path | None = None) -> Prob
             values[k] = _coerce(k, v, f"config file '{config}'")
         values["config"] = Path(config)
     for k, v in cli.items():
-        if v is None or (k in ("keep", "quiet") and v is False):
+        if v is None or (k in ("keep", "quiet") and v is False) or (k == "link" and not v):
             continue
         values[k] = _coerce(k, v, "command line")
     return ProbeOptions(**values)
@@ -243,6 +252,8 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         cli = {n: kwargs.pop(n) for n in _OPTION_NAMES}
+        if "link" in kwargs:  # commands that make worktrees add --link (link_option)
+            cli["link"] = kwargs.pop("link")
         config = kwargs.pop("config")
         kwargs["options"] = build_options(cli, config)
         return f(*args, **kwargs)
@@ -269,6 +280,16 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for d in reversed(decorators):
         wrapper = d(wrapper)
     return wrapper
+
+
+def link_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--link PATH`` (repeatable) to a command that makes worktrees; put it above
+    ``@probe_options``, which folds it into ``options.link`` (a config file's ``link:`` too)."""
+    return click.option(
+        "--link", "link", multiple=True, default=(), metavar="PATH",
+        help="Path of your checkout (relative to the repository root: ignored data, untracked configs) "
+             "symlinked into every probe's worktree; repeatable.",
+    )(f)
 
 
 def split_command(args: tuple[str, ...] | list[str]) -> list[str]:

@@ -256,6 +256,8 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
 
     def result(outcome: Outcome, out: str = "", err: str = "") -> ProbeResult:
         outcome = _with(outcome, wall_s=round(time.monotonic() - t0, 3))
+        if not outcome and spec.repo and spec.revision:
+            outcome = _link_hint(outcome, spec, workdir, err)
         return ProbeResult(
             spec=spec,
             outcome=outcome,
@@ -341,6 +343,24 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
         out_t,
         err_t,
     )
+
+
+def _link_hint(outcome: Outcome, spec: ProbeSpec, workdir: Path, err: str) -> Outcome:
+    """Say ``--link PATH`` when the probe failed on a file the user's checkout has and the
+    worktree lacks (data git ignores, an untracked config); ``reprobisect.hints``."""
+    from reprobisect.hints import missing_link_hint
+
+    try:
+        hint = missing_link_hint("\n".join(x for x in (outcome.detail, outcome.traceback or "", err) if x),
+                                 workdir, str(spec.repo), spec.subdir)
+    except (OSError, ValueError):
+        return outcome
+    if not hint:
+        return outcome
+    detail = outcome.detail if len(outcome.detail) <= 160 else outcome.detail[:159] + "…"
+    d = outcome.to_json()
+    d["detail"] = f"{detail}; {hint}" if detail else hint
+    return Outcome(**d)
 
 
 def _last_line(text: str) -> str:

@@ -35,9 +35,17 @@ def format_number(x: float | None) -> str:
     return f"{x:.1e}"
 
 
-def _short(v: Any) -> str:
+def _short(v: Any, path: str = "") -> str:
     s = repr(v)
+    if _whole(path):
+        return s
     return s if len(s) <= _VALUE_WIDTH else s[: _VALUE_WIDTH - 1] + "…"
+
+
+def _whole(path: str) -> bool:
+    """Values shown whole however long: a command line, whose differing flag may sit anywhere."""
+    last = path.rsplit(".", 1)[-1]
+    return last in ("argv", "command", "orig_argv")
 
 
 def render_env(env: tuple[EnvChange, ...] | list[EnvChange]) -> list[str]:
@@ -45,14 +53,16 @@ def render_env(env: tuple[EnvChange, ...] | list[EnvChange]) -> list[str]:
         return ["environment: no differences"]
     numerics = [d for d in env if not d.info]
     lines = [f"environment differences ({len(numerics)} numerics-relevant, {len(env) - len(numerics)} launch info):"]
+    # a differing command line is shown with the numerics changes, never cut off by the limit
+    env = sorted(env, key=lambda d: (d.info, not _whole(d.key)))
     for d in list(env)[:_ENV_SHOWN]:
         tag = "  (info)" if d.info else ""
         if d.change == "changed":
-            lines.append(f"  {d.key}: {_short(d.a)} → {_short(d.b)}{tag}")
+            lines.append(f"  {d.key}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
         elif d.change == "added":
-            lines.append(f"  {d.key}: only in B = {_short(d.b)}{tag}")
+            lines.append(f"  {d.key}: only in B = {_short(d.b, d.key)}{tag}")
         else:
-            lines.append(f"  {d.key}: only in A = {_short(d.a)}{tag}")
+            lines.append(f"  {d.key}: only in A = {_short(d.a, d.key)}{tag}")
     if len(env) > _ENV_SHOWN:
         lines.append(f"  … and {len(env) - _ENV_SHOWN} more (--json lists all)")
     return lines
@@ -126,6 +136,9 @@ def render_comparison(c: Comparison) -> str:
         return "\n".join(lines)
     lines.append("first divergence:")
     lines.append("  " + render_divergence(c.first, with_localization=True))
+    explanation = getattr(c, "explanation", "")
+    if explanation:
+        lines.append(f"    ↳ likely explanation: {explanation}")
     origin = c.origin
     if origin is not None and origin is not c.first:
         lines.append("first origin (inputs agree, output differs):")
@@ -143,4 +156,5 @@ def render_comparison(c: Comparison) -> str:
         more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
         lines.append(f"per step (differing/records): {tally}{more}")
     lines.append(f"verdict: DIVERGED at step {c.first.step} ({c.first.kind} {c.first.name})")
+    lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
     return "\n".join(lines)

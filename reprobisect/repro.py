@@ -260,9 +260,7 @@ def render_repro(result: ReproResult) -> str:
         i, comp = first
         lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result)})")
         lines.append(render_comparison(comp))
-        if "PYTHONHASHSEED" not in env_vars and not seeds:
-            lines.append("hint: PYTHONHASHSEED was unset, so each run hashed strings differently; "
-                         "run again with PYTHONHASHSEED=0 exported to rule out set/dict-order effects")
+        # hint: lines come with the comparison (reprobisect.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
     return "\n".join(lines)

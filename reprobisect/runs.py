@@ -218,6 +218,7 @@ class _Prober:
         self.reference: str | None = None  # good commit's trace (match)
         self.reference_commit: str | None = None
         self.env = probe_environment(env=cfg.env)
+        self.links: tuple[str, ...] = ()  # --link paths, checked (git.check_links)
         self._counter = 0
         self._lock = threading.Lock()
         self.runs = 0
@@ -236,6 +237,7 @@ class _Prober:
             tolerance=self.tolerance,
             repeat=self.cfg.repeat,
             reference=self.reference_commit if self.cfg.check == "match" else None,
+            **({"links": list(self.links)} if self.links else {}),  # linked data changes what a probe sees
         )
 
     def _spec(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeSpec:
@@ -254,6 +256,7 @@ class _Prober:
             full_steps=tuple(o.full_steps if full_steps is None else full_steps),
             stop_on_nonfinite=self.cfg.check == "finite",
             timeout=o.timeout,
+            links=self.links,
         )
 
     def _run_once(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeResult:
@@ -452,6 +455,7 @@ def find_first_bad(
             subdir = os.path.relpath(cwd, top) if cwd.is_relative_to(top) else "."
         except ValueError:
             subdir = "."
+    links = _g.check_links(info, cfg.options.link)
     good = _g.resolve(info, cfg.good)
     bad = _g.resolve(info, cfg.bad)
     points, parents = _g.bisect_axis(info, good, cfg.bad, first_parent=cfg.first_parent)
@@ -485,6 +489,7 @@ def find_first_bad(
 
     lock_cm = _g.session_lock(info, timeout=0, what=f"bisect runs --good {cfg.good} --bad {cfg.bad}")
     prober = _Prober(cfg, top, subdir, executor, cache, tolerance)
+    prober.links = links
     cached = 0
     replaced = 0
     pool = cf.ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="runs")
@@ -518,9 +523,8 @@ def find_first_bad(
             jg = prober.judge(good)
             cached += jg.cached
             if jg.verdict == "skip" or (terms == _DEFAULT_TERMS and jg.verdict != "good"):
-                raise ProbeError(
-                    f"--good {cfg.good} does not probe {terms[0]}: {jg.reason}; pick a good revision where the command runs"
-                )
+                fix = "" if "--link" in jg.reason else "; pick a good revision where the command runs"
+                raise ProbeError(f"--good {cfg.good} does not probe {terms[0]}: {jg.reason}{fix}")
             invert = jg.verdict == "bad"  # custom terms: the good end's behaviour is "old"
             if prev_g is None:
                 record(jg, "endpoint", "good")

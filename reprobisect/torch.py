@@ -90,6 +90,7 @@ def record(
         command=list(command if command is not None else sys.argv),
         policy=policy.to_json(),
         seed=seed,
+        revision=_revision(),
         recorder={"api": "reprobisect.torch.record"},
     )
     rec = TorchRecorder(writer, policy, stop_at_limit=False)
@@ -120,6 +121,16 @@ def record(
     else:
         outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
     _seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
+
+
+def _revision() -> dict[str, Any] | None:
+    """The git revision of the running script's repository (or the cwd's), for the manifest."""
+    try:
+        from reprobisect.runners.environment import revision_of
+
+        return revision_of(sys.argv[0] if sys.argv and sys.argv[0] else None)
+    except Exception:
+        return None
 
 
 def _seal(writer: Any, rec: TorchRecorder, outcome: Outcome) -> None:

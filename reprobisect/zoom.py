@@ -35,7 +35,7 @@ from reprobisect.trace import Record, Trace, read_trace
 __all__ = ["ZoomResult", "ZoomSide", "run_zoom", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
 
 SEPARATOR = "::"  # same as reprobisect.runners.zoom_torch.SEPARATOR (kept framework-free here)
-VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run")
+VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run", "no_ops")
 _INDEX = re.compile(r"\[\d+\]$")
 
 
@@ -60,7 +60,8 @@ class ZoomResult:
     differing op already had differing inputs: the module's own inputs or parameters
     differ), ``agree`` (every op identical in the re-run), ``structure`` (the op sequences
     differ: ``op`` is the first op present on one side only), ``not_run`` (the module did
-    not run at that step on some side).
+    not run at that step on some side), ``no_ops`` (it ran on both sides without issuing
+    an op: ``Identity``, ``Dropout(p=0)``, eval-mode dropout pass their input through).
     """
 
     module: str
@@ -101,7 +102,7 @@ class ZoomResult:
         return asdict(self)
 
 
-def _zoom_ops(trace: Trace, module: str, step: int) -> list[Record]:
+def _zoom_records(trace: Trace, module: str, step: int) -> list[Record]:
     s = trace.step(step)
     if s is None:
         return []
@@ -109,16 +110,51 @@ def _zoom_ops(trace: Trace, module: str, step: int) -> list[Record]:
     return [r for r in s.records if r.name.startswith(prefix) and r.meta and r.meta.get("zoom")]
 
 
+def _zoom_ops(trace: Trace, module: str, step: int) -> list[Record]:
+    """The op records (not the ``<call>`` markers that say whether the module ran)."""
+    return [r for r in _zoom_records(trace, module, step) if "ran" not in r.meta]
+
+
+def _ran(trace: Trace, module: str, step: int) -> bool | None:
+    """True: the module ran at ``step`` (a ``<call>`` marker with ``ran`` true); False: the
+    zoom said it did not run (a marker with ``ran`` false); None: a trace from before these
+    markers (cannot tell)."""
+    marks = [r for r in _zoom_records(trace, module, step) if "ran" in r.meta]
+    if any(r.meta.get("ran") for r in marks):
+        return True
+    return False if marks else None
+
+
 def first_divergent_op(a: Trace, b: Trace, module: str, step: int) -> ZoomResult:
     """Compare two zoom traces' op records for ``module`` at ``step``, in execution order."""
     ops_a, ops_b = _zoom_ops(a, module, step), _zoom_ops(b, module, step)
     base = dict(module=module, step=step, ops_a=len(ops_a), ops_b=len(ops_b), trace_a=str(a.path), trace_b=str(b.path))
     if not ops_a or not ops_b:
-        sides = [n for n, ops in (("A", ops_a), ("B", ops_b)) if not ops]
+        ran = {"A": _ran(a, module, step), "B": _ran(b, module, step)}
+        empty = [n for n, ops in (("A", ops_a), ("B", ops_b)) if not ops]
+        no_ops = [n for n in empty if ran[n]]
+        not_run = [n for n in empty if ran[n] is not True]
+        if not not_run and len(no_ops) == 2:
+            return ZoomResult(verdict="no_ops", detail=(
+                f"module '{module}' ran at step {step} on both sides without issuing an op (Identity, Dropout(p=0) "
+                "or eval-mode dropout pass their input through): nothing inside it can differ; "
+                "the difference comes from its inputs or from the code around it"), **base)
+        if not not_run:
+            return ZoomResult(verdict="structure", detail=(
+                f"module '{module}' ran at step {step} on side {no_ops[0]} without issuing an op, "
+                f"while side {'B' if no_ops[0] == 'A' else 'A'} ran {len(ops_a or ops_b)} op(s): the module "
+                "computes differently (a Dropout p or train/eval mode that differs?)"), **base)
+        told = []
+        if no_ops:
+            told.append(f"it ran without issuing an op on side {no_ops[0]}")
+        if any(ran[n] is False for n in not_run):
+            why = "it did not run at that step in a training forward (or the name differs)"
+        else:  # an older trace, without call markers
+            why = ("the module did not run in a training forward at that step, ran without issuing an op, "
+                   "or the name differs")
         return ZoomResult(verdict="not_run", detail=(
-            f"no op of module '{module}' recorded at step {step} on side {' and '.join(sides)} "
-            "(the module did not run in a training forward at that step, or the name differs); "
-            "check the module name in the compare output"), **base)
+            f"no op of module '{module}' recorded at step {step} on side {' and '.join(not_run)}: {why}"
+            + (f"; {told[0]}" if told else "") + "; check the module name in the compare output"), **base)
     first_diff: Record | None = None
     for i, (ra, rb) in enumerate(zip(ops_a, ops_b)):
         if ra.name != rb.name:

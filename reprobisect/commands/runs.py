@@ -11,7 +11,7 @@ import json
 
 import click
 
-from reprobisect.options import ProbeOptions, probe_options, split_command
+from reprobisect.options import ProbeOptions, link_option, probe_options, split_command
 
 __all__ = ["command"]
 
@@ -26,6 +26,7 @@ __all__ = ["command"]
 @click.option("--resume", is_flag=True, help="Continue the interrupted session with the same arguments.")
 @click.option("--terms", default="good,bad", show_default=True, help="Names for before,after the change (e.g. old,new).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@link_option
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, resume: bool, terms: str,
@@ -33,6 +34,8 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
     """Find the commit that changed (or broke) training between --good and --bad.
 
     Each commit runs in its own detached worktree; your checkout is never touched.
+    Data that git does not track (ignored datasets, untracked configs) is not in those
+    worktrees: name it with --link PATH (symlinked, never copied).
 
     Exit 0 when one first bad commit is named (and its re-check agreed), 1 when
     the answer is ambiguous ("could be any of") or the re-check disagreed, 2 for bad
@@ -41,6 +44,7 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
     \b
     Example:
       bisect runs --good v1.2 --bad main -- python train.py --lr 3e-4
+      bisect runs --good v1.2 --bad main --link data -- python train.py
     """
     from dataclasses import replace
 

@@ -50,6 +50,9 @@ class ProbeSpec:
     """Retry number; traces of different attempts never share a folder."""
     extra_launch_args: tuple[str, ...] = ()
     """Further launcher options (zoom, max disk)."""
+    links: tuple[str, ...] = ()
+    """Paths relative to ``repo``'s root (``--link``: ignored data, untracked configs) that
+    appear in the probe's worktree as symlinks to the user's checkout (never copied)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,7 +3,7 @@
 The embedded default. A probe with ``repo`` + ``revision`` runs in a detached
 ``git worktree`` of that commit (``reprobisect.git.WorktreePool``: reused between probes,
 cleaned with ``git clean -ffdx``, all removed on ``close()``; the user's checkout is never
-touched); a probe without one runs in ``spec.workdir`` (or the
+touched; ``spec.links`` appear there as symlinks to the user's files, unlinked first); a probe without one runs in ``spec.workdir`` (or the
 current folder) as it is. Each probe writes its trace straight into
 ``out_dir/<key>-a<attempt>`` so retries never share a folder.
 
@@ -124,7 +124,7 @@ class LocalExecutor:
         if spec.repo and spec.revision:
             pool = self._pool_for(Path(spec.repo))
             try:
-                cm = pool.checkout(spec.revision)
+                cm = pool.checkout(spec.revision, links=spec.links)
                 wt = cm.__enter__()
             except ProbeError as e:
                 return ProbeResult(spec=spec, outcome=Outcome("infra", detail=str(e)))

@@ -12,6 +12,11 @@ How a probe travels:
   code can never pass unnoticed: a mismatch is outcome ``infra``). A spec without a
   revision (``repro`` in the user's checkout) ships the folder itself (git-tracked and
   untracked-but-not-ignored files), or runs in place with ``shared_fs=True``.
+  ``--link`` paths (``spec.links``: ignored data) are never shipped: the worker symlinks
+  the controller's path (``<repo>/<path>``) into its unpacked tree, which works where the
+  workers see that path (a local Ray instance, a shared file system); on a node that does
+  not, the probe is ``skip`` with a message saying so. The links are unlinked before the
+  tree is removed.
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
   probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe and
   sets ``CUDA_VISIBLE_DEVICES`` for it, so CUDA state never leaks between probes. The
@@ -244,7 +249,22 @@ def _probe_task(
             workdir = work
         if runner is None:
             from reprobisect.probe import run_in_dir as runner
-        res = runner(run_spec, workdir, staging)
+        made: list[Path] = []
+        missing = _linkable(spec, workdir) if kind != "shared" else None
+        if missing:
+            res = ProbeResult(spec=run_spec, outcome=Outcome("skip", detail=missing), host=socket.gethostname())
+        else:
+            if spec.links and kind != "shared":
+                from reprobisect.git import make_links
+
+                made = make_links(workdir, spec.repo, spec.links)
+            try:
+                res = runner(run_spec, workdir, staging)
+            finally:
+                if made:
+                    from reprobisect.git import remove_links
+
+                    remove_links(made)  # unlink before the folder goes: never delete through a link
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -283,6 +303,25 @@ def _probe_task(
         "remote": remote,
         "run_id": run_id,
     }
+
+
+def _linkable(spec: ProbeSpec, workdir: Path) -> str | None:
+    """Why ``spec.links`` cannot be made on this worker (None: they can, or there are none).
+
+    Linked paths are not shipped (a dataset is no archive payload): each worker links the
+    controller's path itself, so ``--link`` works where the workers see the user's checkout
+    at the same path (a local Ray instance, a shared file system) and is refused clearly
+    elsewhere.
+    """
+    if not spec.links:
+        return None
+    if not spec.repo:
+        return "--link needs a probe of a commit (a repository and revision)"
+    lost = [rel for rel in spec.links if not os.path.lexists(os.path.join(spec.repo, rel))]
+    if lost:
+        return (f"--link {lost[0]}: {os.path.join(spec.repo, lost[0])} is not visible on Ray node {socket.gethostname()}; "
+                "linked paths are not shipped: run with --executor local, or on a cluster whose nodes share that path")
+    return None
 
 
 def _read_file(path: str) -> bytes:

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect_environment", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
+__all__ = ["collect_environment", "revision_of", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
 
 PACKAGES = (
     "torch",
@@ -341,6 +341,33 @@ def _git(cwd: str) -> dict[str, Any] | None:
         "branch": branch or None,
         "dirty": None if status is None else bool(status),
     }
+
+
+def revision_of(script: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The manifest's ``revision``: the git commit (and dirty flag) of the repository that
+    holds ``script`` (the command's script; None or a non-file: the cwd).
+
+    ``{"commit", "dirty", "branch", "root"}`` (``commit`` None in a repository without
+    commits); ``dirty`` is true when tracked files differ from the commit or the script
+    itself is not tracked. None outside a git checkout. Never raises.
+    """
+    try:
+        where = os.getcwd()
+        path = None
+        if script:
+            p = Path(script)
+            if p.is_file():
+                path = p.resolve()
+                where = str(path.parent)
+        g = _git(where)
+        if g is None:
+            return None
+        dirty = g.get("dirty")
+        if path is not None and g.get("commit") and _run_git(["ls-files", "--error-unmatch", "--", path.name], where) is None:
+            dirty = True  # an untracked script: the commit alone does not reproduce the run
+        return {"commit": g.get("commit"), "dirty": dirty, "branch": g.get("branch"), "root": g.get("root")}
+    except Exception:
+        return None
 
 
 def _cpu_model() -> str | None:

@@ -160,11 +160,14 @@ class _Run:
             "zoom_module": ns.zoom_module,
             "zoom_step": ns.zoom_step,
         }
+        from reprobisect.runners.environment import revision_of
+
         self.writer = TraceWriter(
             ns.trace,
             command=list(prog),
             policy=self.policy_json,
             seed=ns.seed,
+            revision=revision_of(None if prog[0] == "-m" else prog[0]),
             recorder={"launcher": "reprobisect.runners.launch", "cwd": os.getcwd()},
         )
 

@@ -19,7 +19,10 @@ stats, dtype and shape are those of the op's first tensor output; ``inputs`` hol
 fingerprints of its tensor arguments taken *before* the op ran (so in-place ops compare
 right); ``module`` the innermost module the op ran in; ``meta`` the op, its occurrence,
 the call, non-tensor arguments (``args``: ``x * 2`` vs ``x * 2.0000002`` shows there),
-input shapes/dtypes and the fingerprints of further outputs. Ops are seen below autograd
+input shapes/dtypes and the fingerprints of further outputs. After each zoomed call, a
+marker record ``NAME::<call>#k`` (empty tensor, ``meta`` ``{"ran": true, "ops": n}``)
+says the module ran, so a module that ran without issuing an op (``Identity``,
+``Dropout(p=0)``) is told from one that did not run. Ops are seen below autograd
 (what actually runs), backward is not recorded (it runs outside the forward).
 
 Observers stay out of the record: global forward hooks of other observers (the per-step
@@ -48,10 +51,18 @@ from torch.utils._pytree import tree_leaves
 from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.trace.format import Record
 
-__all__ = ["ZoomRecorder", "install_zoom", "SEPARATOR", "op_record_name"]
+__all__ = ["ZoomRecorder", "install_zoom", "SEPARATOR", "op_record_name", "call_record_name"]
 
 SEPARATOR = "::"
 _CALL = re.compile(r"^(.*)#(\d+)$")
+
+
+_CALL_MARK = object()
+
+
+def call_record_name(module: str, call: int) -> str:
+    """``NAME::<call>#0``: the marker record that the zoomed module ran (its call ``call``)."""
+    return f"{module}{SEPARATOR}<call>#{call}"
 
 
 def op_record_name(module: str, op: str, occurrence: int) -> str:
@@ -132,6 +143,7 @@ class ZoomRecorder:
         self._pending: list[tuple[Any, ...]] = []
         self.ops_recorded = 0
         self.calls_recorded = 0
+        self._told = False  # the "did not run" marker was written
 
     # -- step and names -----------------------------------------------------------
 
@@ -182,6 +194,7 @@ class ZoomRecorder:
         self._target = module
         self._depth = len(self._stack)
         self._call_index = k
+        self._ops_at_call = self.ops_recorded
         self.calls_recorded += 1
         self._mode = _Mode(self)
         self._mode.__enter__()
@@ -190,6 +203,8 @@ class ZoomRecorder:
         if self._target is module and len(self._stack) == self._depth and self._mode is not None:
             mode, self._mode, self._target = self._mode, None, None
             mode.__exit__(None, None, None)
+            # the call ran: say so even when it issued no op (Identity, Dropout(p=0), eval-mode dropout)
+            self._pending.append((_CALL_MARK, self._call_index, self.ops_recorded - self._ops_at_call))
         self._paused += 1
 
     def _post_last(self, module: torch.nn.Module, *args: Any) -> None:
@@ -235,7 +250,15 @@ class ZoomRecorder:
     def take(self) -> list[Record]:
         """The op records collected since the last call, in execution order."""
         out = []
-        for name, op, i, call, inner, p_in, in_meta, p_out, src, p_more, scalars in self._pending:
+        if not self._pending and not self._told and self.calls_recorded == 0 and self.current_step() == self.step:
+            # the zoom step ends and the module never ran in it: say so (not "no ops")
+            self._told = True
+            out.append(self._call_record(None, 0))
+        for entry in self._pending:
+            if entry[0] is _CALL_MARK:
+                out.append(self._call_record(entry[1], entry[2]))
+                continue
+            name, op, i, call, inner, p_in, in_meta, p_out, src, p_more, scalars = entry
             fp, st = fpt.finish(p_out, source=src)
             meta = {
                 "zoom": True,
@@ -264,6 +287,21 @@ class ZoomRecorder:
         self._pending = []
         self._occ = {}
         return out
+
+    def _call_record(self, call: int | None, ops: int) -> Record:
+        """The marker of one zoomed call: ``NAME::<call>#k``, ``meta.ran`` with its op count;
+        ``call`` None: the module did not run at the zoom step (``NAME::<not run>``)."""
+        empty = torch.empty(0)
+        fp, _ = fpt.finish(fpt.begin(empty, with_stats=False), source=empty)
+        return Record(
+            name=call_record_name(self.module_name, call) if call is not None else f"{self.module_name}{SEPARATOR}<not run>",
+            kind="activation",
+            dtype="float32",
+            shape=(0,),
+            fingerprint=fp,
+            module=self.base_name,
+            meta={"zoom": True, "ran": call is not None, "call": call, "ops": ops},
+        )
 
     # -- install / remove -------------------------------------------------------------
 

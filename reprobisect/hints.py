@@ -1,0 +1,312 @@
+"""The ``hint:`` lines reprobisect prints, decided in one place from the evidence at hand.
+
+A hint names a likely cause and the fix; a wrong hint sends the user the wrong way, so
+each one is given only when the evidence makes its cause plausible:
+
+``missing_link_hint``  a probe failed on a file that the user's checkout has and the
+                       probe's worktree lacks (ignored data, an untracked config): pass
+                       ``--link PATH``.
+``divergence_hints``   why two runs of one command differ: no seed was set (initial
+                       parameters differ at step 0 and the manifest says ``seed: null``),
+                       or string hashing (``PYTHONHASHSEED`` unset or different, and the
+                       first divergence is in data order while the parameters agree).
+``lr_note``            a learning-rate / scheduler difference next to a ``param``
+                       divergence whose gradients agreed (shown under the divergence).
+
+Used by ``repro`` (its text), ``seeds`` and the comparison rendering (``render``).
+Pure: no framework import; reads only the traces' manifests and step scalars.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "missing_link_hint",
+    "missing_paths",
+    "divergence_hints",
+    "seed_hint",
+    "hashseed_hint",
+    "lr_note",
+    "SEED_FIX",
+]
+
+SEED_FIX = ("seed before building the model (torch.manual_seed(N) / lightning.seed_everything(N) / "
+            "keras.utils.set_random_seed(N))")
+
+# --------------------------------------------------------------------------- missing files
+
+# "No such file or directory: 'data/x.csv'", "FileNotFoundError: [Errno 2] ... 'x'",
+# "can't open file '/w/train.py'", "[Errno 2] No such file or directory: b'x'", and paths
+# in double quotes ("File \"data/x\" does not exist", pandas/numpy/torchvision wording)
+_QUOTED = re.compile(r"""b?(['"])(?P<path>[^'"\n]{1,400})\1""")
+_MISSING_LINE = re.compile(
+    r"No such file|FileNotFoundError|can't open file|cannot open file|does not exist|not found|cannot find|can not find",
+    re.IGNORECASE,
+)
+
+
+def missing_paths(text: str) -> list[str]:
+    """Quoted paths on the lines of ``text`` that say a file is missing, in order, unique."""
+    out: list[str] = []
+    for line in (text or "").splitlines():
+        if not _MISSING_LINE.search(line):
+            continue
+        for m in _QUOTED.finditer(line):
+            p = m.group("path").strip()
+            if p and p not in out and ("/" in p or "." in p or os.sep in p or p.isidentifier()):
+                out.append(p)
+    return out
+
+
+def missing_link_hint(
+    text: str, worktree: str | os.PathLike[str], source_root: str | os.PathLike[str], subdir: str = "."
+) -> str | None:
+    """A hint naming the ``--link`` that would give the probe a file it could not find.
+
+    ``text``: the probe's error output (outcome detail, traceback, stderr tail).
+    ``worktree``: the probe's worktree root; ``source_root``: the user's checkout of the
+    same repository; ``subdir``: the folder (relative to the root) the command ran from.
+    A path counts when it is absent from the worktree and present in the user's checkout;
+    the ``--link`` suggested is its first component the worktree lacks (``data`` when the
+    worktree has no ``data`` folder at all, ``data/raw`` when the commit tracks ``data/``).
+    None when no such path is named.
+    """
+    wt = Path(worktree).resolve()
+    src = Path(source_root).resolve()
+    cwd = (wt / subdir).resolve()
+    for p in missing_paths(text):
+        full = Path(p) if os.path.isabs(p) else cwd / p
+        full = Path(os.path.normpath(full))
+        rel = None
+        for base in (wt, src):  # an absolute path may name either copy
+            try:
+                rel = full.relative_to(base)
+                break
+            except ValueError:
+                continue
+        if rel is None or str(rel) in ("", ".") or rel.parts[0] == ".git":
+            continue
+        if os.path.lexists(wt / rel) or not os.path.lexists(src / rel):
+            continue
+        # the first component of rel the worktree lacks: what --link should name
+        parts = rel.parts
+        k = next((i for i in range(1, len(parts) + 1) if not os.path.lexists(wt.joinpath(*parts[:i]))), len(parts))
+        link = Path(*parts[:k]).as_posix()
+        return (f"'{rel.as_posix()}' is in your checkout but not in the probe's worktree (git does not track it): "
+                f"pass --link {link} to symlink it into every probe")
+    return None
+
+
+# --------------------------------------------------------------------------- why runs differ
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or x is None:
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _lr_values(scalars: dict[str, Any] | None) -> dict[str, Any]:
+    """Learning-rate / scheduler scalars of one step: ``{'lr': 1e-3}``, or per param group
+    ``{'lr (group 0)': .., 'lr (group 1)': ..}`` (the recorder keeps ``lr`` as one value per group)."""
+    out: dict[str, Any] = {}
+    for k, v in (scalars or {}).items():
+        key = str(k)
+        if not (key == "lr" or key.startswith(("lr_", "lr/", "lr.", "learning_rate", "sched", "scheduler"))):
+            continue
+        if isinstance(v, list) and len(v) == 1:
+            out[key] = v[0]
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                out[f"{key} (group {i})"] = x
+        else:
+            out[key] = v
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    fa, fb = _num(a), _num(b)
+    if fa is not None and fb is not None:
+        return fa == fb or (math.isnan(fa) and math.isnan(fb))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _show(v: Any) -> str:
+    f = _num(v)
+    if f is not None:
+        return f"{f:g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    return str(v)
+
+
+def lr_note(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
+    """``lr differs: 1e-3 vs 2e-3 at step 0`` when the learning rate (or scheduler state)
+    differs at or before the first divergence and that divergence is a ``param`` record
+    whose step's gradients agreed (or were not recorded): the update rule, not the
+    gradients, changed. None otherwise."""
+    first = getattr(comp, "first", None)
+    if first is None or trace_a is None or trace_b is None:
+        return None
+    if first.kind not in ("param", "optim_state"):
+        return None
+    if _grads_differ(comp, first.step):
+        return None
+    by_a = {s.step: s for s in trace_a.steps}
+    by_b = {s.step: s for s in trace_b.steps}
+    for k in sorted(set(by_a) & set(by_b)):
+        if k > first.step:
+            break
+        la, lb = _lr_values(by_a[k].scalars), _lr_values(by_b[k].scalars)
+        diffs = [key for key in sorted(set(la) | set(lb)) if not _same(la.get(key), lb.get(key))]
+        if diffs:
+            key = diffs[0]
+            what = key
+            more = f" (and {len(diffs) - 1} more scalar(s))" if len(diffs) > 1 else ""
+            return f"{what} differs: {_show(la.get(key, '(absent)'))} vs {_show(lb.get(key, '(absent)'))} at step {k}{more}"
+    return None
+
+
+def _grads_differ(comp: Any, step: int) -> bool:
+    for d in ((comp.first,) if comp.first is not None else ()) + tuple(comp.next or ()):
+        if d.step == step and d.kind == "grad":
+            return True
+    return False
+
+
+def _env_var(trace: Any, name: str) -> str | None:
+    env = getattr(getattr(trace, "manifest", None), "environment", None) or {}
+    ev = env.get("env_vars") if isinstance(env, dict) else None
+    return ev.get(name) if isinstance(ev, dict) else None
+
+
+def _seed_of(trace: Any) -> Any:
+    return getattr(getattr(trace, "manifest", None), "seed", None)
+
+
+def _init_differs(comp: Any, trace_a: Any = None, trace_b: Any = None) -> bool:
+    """The runs started from different parameters.
+
+    Strong evidence: ``init`` records (parameters before the first step, recorded in step
+    0) differ, or the first divergence is one. Without ``init`` records (older traces),
+    weaker evidence: the first divergence is in step 0, both steps saw the same batch, and
+    most step-0 ``param`` records differ by more than one update could move them (norm
+    apart by over 1 %), which a nondeterministic kernel (a few ULPs) does not do.
+    """
+    first = getattr(comp, "first", None)
+    if first is None or first.step != 0:
+        return False
+    if first.kind == "init":
+        return True
+    sa, sb = _step(trace_a, 0), _step(trace_b, 0)
+    if sa is None or sb is None:
+        # only the comparison at hand: a step-0 param divergence whose batch and grads agreed
+        return first.kind == "param" and not _grads_differ(comp, 0) and not any(
+            d.kind == "batch" and d.step == 0 for d in _all(comp))
+    init_a = {r.name: r for r in sa.records if _is_init(r)}
+    init_b = {r.name: r for r in sb.records if _is_init(r)}
+    if init_a and init_b:
+        return any(init_b.get(n) is not None and init_b[n].fingerprint != r.fingerprint for n, r in init_a.items())
+    if sa.batch_ids is not None and sb.batch_ids is not None and list(sa.batch_ids) != list(sb.batch_ids):
+        return False
+    pb = {r.name: r for r in sb.records if r.kind == "param" and not _is_init(r)}
+    pairs = [(r, pb[r.name]) for r in sa.records if r.kind == "param" and not _is_init(r) and r.name in pb]
+    if not pairs:
+        return False
+    far = 0
+    for ra, rb in pairs:
+        na, nb = _num(ra.stat("norm")), _num(rb.stat("norm"))
+        if ra.fingerprint != rb.fingerprint and na is not None and nb is not None and math.isfinite(na) and math.isfinite(nb):
+            if abs(na - nb) > 0.01 * max(abs(na), abs(nb), 1e-30):
+                far += 1
+    return far * 2 > len(pairs)
+
+
+def _is_init(r: Any) -> bool:
+    """An ``init`` record, or a ``param`` recorded before the first update (``meta.phase``)."""
+    return r.kind == "init" or (r.kind == "param" and (getattr(r, "meta", None) or {}).get("phase") in ("init", "before"))
+
+
+def _step(trace: Any, k: int) -> Any:
+    if trace is None:
+        return None
+    for s in getattr(trace, "steps", ()):
+        if s.step == k:
+            return s
+    return None
+
+
+def _all(comp: Any) -> tuple[Any, ...]:
+    return ((comp.first,) if comp.first is not None else ()) + tuple(comp.next or ())
+
+
+def seed_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
+    """``initial parameters differ: no seed was set; seed before building the model (...)``
+    when the first divergence is in the initial parameters and neither run recorded a seed."""
+    if not _init_differs(comp, trace_a, trace_b):
+        return None
+    sa, sb = _seed_of(trace_a), _seed_of(trace_b)
+    if sa is None and sb is None:
+        return f"initial parameters differ: no seed was set; {SEED_FIX}"
+    if sa != sb:
+        return f"initial parameters differ: the runs were seeded differently ({sa} vs {sb})"
+    return None
+
+
+def hashseed_hint(trace_a: Any, trace_b: Any, comp: Any, *, given: tuple[str | None, ...] = ()) -> str | None:
+    """The ``PYTHONHASHSEED`` hint, only when string hashing can explain the difference.
+
+    Plausible when the runs hashed strings differently (``PYTHONHASHSEED`` unset on either
+    side, or set to different values) AND the first divergence is in what set/dict order
+    feeds: the data order (``batch`` ids, ``input``) or a ``missing`` record (a different
+    set of tensors or modules), while the initial parameters do not differ. A divergence
+    in the initial parameters (no seed) or in the math of an op is not explained by it.
+    ``given`` is accepted for callers that know what they set; the manifests decide.
+    """
+    first = getattr(comp, "first", None)
+    if first is None:
+        return None
+    ha, hb = _env_var(trace_a, "PYTHONHASHSEED"), _env_var(trace_b, "PYTHONHASHSEED")
+    randomised = ha is None or hb is None or ha == "random" or hb == "random" or ha != hb
+    if not randomised:
+        return None
+    if _init_differs(comp, trace_a, trace_b):
+        return None
+    order_kinds = ("batch", "input")
+    if first.kind in order_kinds or first.verdict == "missing":
+        where = "data order" if first.kind in order_kinds else "which tensors were recorded"
+        if ha is None or hb is None or "random" in (ha, hb):
+            return (f"PYTHONHASHSEED was unset, so the runs hashed strings differently and the first difference is in "
+                    f"{where}; run again with PYTHONHASHSEED=0 exported to rule out set/dict-order effects")
+        return (f"the runs had different PYTHONHASHSEED ({ha} vs {hb}) and the first difference is in {where}: "
+                "string hashing (set/dict order) decides it; iterate in a fixed order (e.g. sorted())")
+    return None
+
+
+def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: tuple[str | None, ...] = ()) -> list[str]:
+    """Every hint the evidence supports for a comparison of two runs (``hint: `` not included).
+
+    ``trace_a``/``trace_b``: the ``Trace`` objects (or None when not at hand: then only
+    what ``comp`` alone shows is said). Order: seed, then string hashing. The learning-rate
+    note is ``lr_note`` (shown under the divergence itself, not as a hint).
+    """
+    if comp is None or getattr(comp, "first", None) is None:
+        return []
+    out: list[str] = []
+    for h in (seed_hint(trace_a, trace_b, comp),
+              hashseed_hint(trace_a, trace_b, comp, given=given_hashseeds)):
+        if h:
+            out.append(h)
+    return out
