@@ -37,6 +37,7 @@ __all__ = ["ZoomResult", "ZoomSide", "run_zoom", "first_divergent_op", "zoom_tar
 SEPARATOR = "::"  # same as reprobisect.runners.zoom_torch.SEPARATOR (kept framework-free here)
 VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run", "no_ops")
 _INDEX = re.compile(r"\[\d+\]$")
+_CALL_SUFFIX = re.compile(r"#\d+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,15 +112,20 @@ def _zoom_records(trace: Trace, module: str, step: int) -> list[Record]:
 
 
 def _zoom_ops(trace: Trace, module: str, step: int) -> list[Record]:
-    """The op records (not the ``<call>`` markers that say whether the module ran)."""
+    """The op records (the markers saying whether the module ran have no ``::``)."""
     return [r for r in _zoom_records(trace, module, step) if "ran" not in r.meta]
 
 
+_MARKS = ("@zoom-call#", "@zoom-not-run")  # reprobisect.runners.zoom_torch.call_record_name
+
+
 def _ran(trace: Trace, module: str, step: int) -> bool | None:
-    """True: the module ran at ``step`` (a ``<call>`` marker with ``ran`` true); False: the
-    zoom said it did not run (a marker with ``ran`` false); None: a trace from before these
-    markers (cannot tell)."""
-    marks = [r for r in _zoom_records(trace, module, step) if "ran" in r.meta]
+    """True: the module ran at ``step`` (a ``NAME@zoom-call#k`` marker); False: the zoom said
+    it did not run (``NAME@zoom-not-run``); None: a trace from before these markers (cannot tell)."""
+    s = trace.step(step)
+    base = _CALL_SUFFIX.sub("", module)
+    marks = [r for r in (s.records if s is not None else ())
+             if r.meta and r.meta.get("zoom") and "ran" in r.meta and r.name.startswith((module + _MARKS[0], base + _MARKS[0], module + _MARKS[1]))]
     if any(r.meta.get("ran") for r in marks):
         return True
     return False if marks else None

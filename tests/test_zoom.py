@@ -251,3 +251,68 @@ def test_run_zoom_names_the_changed_mul(tmp_path):
     assert read_trace(r.trace_a).manifest.policy["zoom_module"] == "scale"
     with pytest.raises(UsageError, match="working folder '/nonexistent' does not exist here"):
         run_zoom(a, b, module="scale", step=0, side_a=ZoomSide(cwd="/nonexistent"))
+
+
+# -- "ran without ops" vs "did not run" (issue 9 item 5) ---------------------------------
+
+def _passthrough_net():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.drop = nn.Dropout(p=0.0)  # runs, issues no aten op
+            self.ident = nn.Identity()
+            self.unused = nn.Linear(3, 3)  # never called
+
+        def forward(self, x):
+            return self.ident(self.drop(self.fc(x)))
+
+    torch.manual_seed(0)
+    return torch, Net()
+
+
+def _zoom_trace(tmp_path, name, module):
+    torch, net = _passthrough_net()
+    from reprobisect.runners.torch import RecordPolicy, TorchRecorder
+
+    with TraceWriter(tmp_path / name) as w:
+        rec = TorchRecorder(w, RecordPolicy(steps=2, zoom_module=module, zoom_step=0)).install()
+        try:
+            _train(torch, net, 2)
+        finally:
+            rec.remove()
+    return read_trace(tmp_path / name)
+
+
+@pytest.mark.parametrize("module", ["drop", "ident"])
+def test_a_module_that_ran_without_ops_is_not_called_not_run(tmp_path, module):
+    t = _zoom_trace(tmp_path, module, module)
+    marks = [r for r in t.step(0).records if r.meta and r.meta.get("zoom")]
+    assert [(r.name, r.meta["ran"], r.meta["ops"]) for r in marks] == [(f"{module}@zoom-call#0", True, 0)]
+    assert not any(r.meta and r.meta.get("zoom") for r in t.step(1).records)
+    r = first_divergent_op(t, t, module, 0)
+    assert r.verdict == "no_ops" and "ran at step 0 on both sides without issuing an op" in r.detail
+    assert "did not run" not in str(r)
+
+
+def test_a_module_that_did_not_run_is_said_so(tmp_path):
+    t = _zoom_trace(tmp_path, "u", "unused")
+    marks = [r for r in t.step(0).records if r.meta and r.meta.get("zoom")]
+    assert [(r.name, r.meta["ran"]) for r in marks] == [("unused@zoom-not-run", False)]
+    r = first_divergent_op(t, t, "unused", 0)
+    assert r.verdict == "not_run" and "did not run at that step" in r.detail and "without issuing" not in r.detail
+
+
+def test_ops_on_one_side_and_none_on_the_other_is_structure(tmp_path):
+    a = _trace(tmp_path / "a", [_op("m::aten.mul.Tensor#0", "y", ["x"])])
+    with TraceWriter(tmp_path / "b") as w:
+        w.begin_step(0)
+        w.record(Record(name="m", kind="activation", dtype="float32", shape=(2,), fingerprint="out"))
+        w.record(Record(name="m@zoom-call#0", kind="activation", dtype="float32", shape=(0,), fingerprint="e",
+                        meta={"zoom": True, "ran": True, "call": 0, "ops": 0}))
+        w.end_step()
+    r = first_divergent_op(a, read_trace(tmp_path / "b"), "m", 0)
+    assert r.verdict == "structure" and "ran at step 0 on side B without issuing an op" in r.detail

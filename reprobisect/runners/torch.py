@@ -863,7 +863,7 @@ class TorchRecorder:
         if self._zoom is None:
             return []
         try:
-            return list(self._zoom.take())
+            return list(self._zoom.take()) + list(getattr(self._zoom, "take_calls", list)())
         except NotImplementedError:
             return []
 

@@ -7,7 +7,7 @@ executes at that step, to name the op. Used by the launcher as
 
     zoom = install_zoom(NAME, K, current_step=lambda: recorder.step)
     ...                                    # at the end of each step, inside the step:
-    for rec in zoom.take(): writer.record(rec)
+    for rec in zoom.take() + zoom.take_calls(): writer.record(rec)
     zoom.remove()
 
 What it records. A ``TorchDispatchMode`` is active while module ``NAME`` runs forward at
@@ -20,8 +20,9 @@ fingerprints of its tensor arguments taken *before* the op ran (so in-place ops 
 right); ``module`` the innermost module the op ran in; ``meta`` the op, its occurrence,
 the call, non-tensor arguments (``args``: ``x * 2`` vs ``x * 2.0000002`` shows there),
 input shapes/dtypes and the fingerprints of further outputs. After each zoomed call, a
-marker record ``NAME::<call>#k`` (empty tensor, ``meta`` ``{"ran": true, "ops": n}``)
-says the module ran, so a module that ran without issuing an op (``Identity``,
+marker record ``NAME@zoom-call#k`` (empty tensor, ``meta`` ``{"zoom": true, "ran": true,
+"ops": n}``) says the module ran, and ``NAME@zoom-not-run`` (``ran`` false) ends a zoom step
+in which it never ran, so a module that ran without issuing an op (``Identity``,
 ``Dropout(p=0)``) is told from one that did not run. Ops are seen below autograd
 (what actually runs), backward is not recorded (it runs outside the forward).
 
@@ -60,9 +61,15 @@ _CALL = re.compile(r"^(.*)#(\d+)$")
 _CALL_MARK = object()
 
 
-def call_record_name(module: str, call: int) -> str:
-    """``NAME::<call>#0``: the marker record that the zoomed module ran (its call ``call``)."""
-    return f"{module}{SEPARATOR}<call>#{call}"
+CALL_MARK = "@zoom-call"
+"""Marker records are named ``NAME@zoom-call#k`` (and ``NAME@zoom-not-run``): no ``::``, so
+they are never taken for an op."""
+
+
+def call_record_name(module: str, call: int | None) -> str:
+    """``NAME@zoom-call#0``: the marker that the zoomed module ran (its call ``call``);
+    ``call`` None: ``NAME@zoom-not-run``, it did not run at the zoom step."""
+    return f"{module}{CALL_MARK}#{call}" if call is not None else f"{module}@zoom-not-run"
 
 
 def op_record_name(module: str, op: str, occurrence: int) -> str:
@@ -144,6 +151,7 @@ class ZoomRecorder:
         self.ops_recorded = 0
         self.calls_recorded = 0
         self._told = False  # the "did not run" marker was written
+        self._marks: list[Record] = []  # call markers waiting for take_calls()
 
     # -- step and names -----------------------------------------------------------
 
@@ -250,13 +258,9 @@ class ZoomRecorder:
     def take(self) -> list[Record]:
         """The op records collected since the last call, in execution order."""
         out = []
-        if not self._pending and not self._told and self.calls_recorded == 0 and self.current_step() == self.step:
-            # the zoom step ends and the module never ran in it: say so (not "no ops")
-            self._told = True
-            out.append(self._call_record(None, 0))
         for entry in self._pending:
             if entry[0] is _CALL_MARK:
-                out.append(self._call_record(entry[1], entry[2]))
+                self._marks.append(self._call_record(entry[1], entry[2]))
                 continue
             name, op, i, call, inner, p_in, in_meta, p_out, src, p_more, scalars = entry
             fp, st = fpt.finish(p_out, source=src)
@@ -288,13 +292,29 @@ class ZoomRecorder:
         self._occ = {}
         return out
 
+    def take_calls(self) -> list[Record]:
+        """The call markers since the last call (after ``take()``): one ``NAME@zoom-call#k`` per
+        zoomed call (``meta.ops``: ops it issued, 0 for ``Identity``/``Dropout(p=0)``), or at the
+        end of the zoom step ``NAME@zoom-not-run`` when the module never ran in it. The
+        recorder writes them after the op records, so "ran without ops" and "did not run"
+        can be told apart."""
+        for entry in self._pending:  # take() not called since the last ops: keep order anyway
+            if entry[0] is _CALL_MARK:
+                self._marks.append(self._call_record(entry[1], entry[2]))
+        self._pending = [e for e in self._pending if e[0] is not _CALL_MARK]
+        out, self._marks = self._marks, []
+        if not out and not self._told and self.calls_recorded == 0 and self.current_step() == self.step:
+            self._told = True  # the zoom step ends and the module never ran in it
+            out.append(self._call_record(None, 0))
+        return out
+
     def _call_record(self, call: int | None, ops: int) -> Record:
-        """The marker of one zoomed call: ``NAME::<call>#k``, ``meta.ran`` with its op count;
-        ``call`` None: the module did not run at the zoom step (``NAME::<not run>``)."""
+        """The marker of one zoomed call (``meta.ran`` with its op count), or with ``call``
+        None of a zoom step in which the module did not run (``call_record_name``)."""
         empty = torch.empty(0)
         fp, _ = fpt.finish(fpt.begin(empty, with_stats=False), source=empty)
         return Record(
-            name=call_record_name(self.module_name, call) if call is not None else f"{self.module_name}{SEPARATOR}<not run>",
+            name=call_record_name(self.module_name, call),
             kind="activation",
             dtype="float32",
             shape=(0,),
