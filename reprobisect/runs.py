@@ -380,6 +380,9 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     data = {"first": first.to_json(), "origin": comp.origin.to_json() if comp.origin else None,
             "environment": [d.to_json() for d in comp.env], "tolerance": comp.tolerance.describe()}
     text = render_divergence(first, with_localization=True)
+    if getattr(comp, "explanation", ""):
+        text += f"\n    ↳ likely explanation: {comp.explanation}"
+        data["explanation"] = comp.explanation
     origin = comp.origin
     if origin is not None and origin is not first:
         text += "\n  origin (inputs agree, output differs): " + render_divergence(origin)

@@ -184,6 +184,29 @@ def test_commit_shipped_as_archive_and_checked(cluster, history, tmp_path):
         assert f"stale code: the worker ran {commits[2]}, not {commits[9]}" in stale.outcome.detail
 
 
+def test_linked_paths_are_linked_on_workers_that_see_them_and_refused_elsewhere(cluster, tmp_path):
+    """--link: never shipped; a worker symlinks the controller's path (a local cluster sees
+    it), a path it cannot see is a skip that says so, and the user's file survives."""
+    repo = tmp_path / "linked"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    (repo / ".gitignore").write_text("value.txt\n")
+    (repo / "mode.txt").write_text("\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "code only; value.txt is ignored data")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    (repo / "value.txt").write_text("2.5\n")
+    with RayExecutor(runner=RUNNER, out_dir=tmp_path / "out") as ex:
+        res = ex.submit(_spec("linked", repo, head, links=("value.txt",))).result(timeout=120)
+        assert res.outcome.status == "ok", res.outcome
+        assert read_trace(res.trace_dir).step(0).scalars["loss"] == 2.5
+        gone = ex.submit(_spec("gone", repo, head, links=("gone.txt",))).result(timeout=120)
+        assert gone.outcome.status == "skip"
+        assert "--link gone.txt" in gone.outcome.detail and "not shipped" in gone.outcome.detail
+    assert (repo / "value.txt").read_text() == "2.5\n"
+
+
 def test_code_that_cannot_be_shipped_is_reported_on_its_probe(cluster, history, tmp_path):
     repo, _ = history
     big = _folder(tmp_path, "big", value="1.0" + " " * 4000)
