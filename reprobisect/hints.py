@@ -201,9 +201,14 @@ def _init_differs(comp: Any, trace_a: Any = None, trace_b: Any = None) -> bool:
 
     Strong evidence: ``init`` records (parameters before the first step, recorded in step
     0) differ, or the first divergence is one. Without ``init`` records (older traces),
-    weaker evidence: the first divergence is in step 0, both steps saw the same batch, and
-    most step-0 ``param`` records differ by more than one update could move them (norm
-    apart by over 1 %), which a nondeterministic kernel (a few ULPs) does not do.
+    weaker evidence: the first divergence is in step 0's forward (batch, input,
+    activation, output, loss) and most step-0 ``param`` records differ by more than one
+    update could move them (norms apart by over 1 %), which neither a nondeterministic
+    kernel (a few ULPs) nor another batch order (one step of another batch) does. An
+    unseeded script usually shuffles differently too, so the batch ids may differ as
+    well: that does not make the seed less likely. When step 0's forward agreed and the
+    first divergence is a gradient or parameter, the forward ran on the same parameters:
+    not an init difference (a learning rate, say), whatever the magnitudes.
     """
     first = getattr(comp, "first", None)
     if first is None or first.step != 0:
@@ -212,14 +217,13 @@ def _init_differs(comp: Any, trace_a: Any = None, trace_b: Any = None) -> bool:
         return True
     sa, sb = _step(trace_a, 0), _step(trace_b, 0)
     if sa is None or sb is None:
-        # only the comparison at hand: a step-0 param divergence whose batch and grads agreed
-        return first.kind == "param" and not _grads_differ(comp, 0) and not any(
-            d.kind == "batch" and d.step == 0 for d in _all(comp))
+        return False  # only the comparison at hand: cannot tell
     init_a = {r.name: r for r in sa.records if _is_init(r)}
     init_b = {r.name: r for r in sb.records if _is_init(r)}
     if init_a and init_b:
         return any(init_b.get(n) is not None and init_b[n].fingerprint != r.fingerprint for n, r in init_a.items())
-    if sa.batch_ids is not None and sb.batch_ids is not None and list(sa.batch_ids) != list(sb.batch_ids):
+    if first.kind in ("grad", "param", "optim_state"):
+        # the forward of step 0 (activations, loss) agreed: it ran on the same parameters
         return False
     pb = {r.name: r for r in sb.records if r.kind == "param" and not _is_init(r)}
     pairs = [(r, pb[r.name]) for r in sa.records if r.kind == "param" and not _is_init(r) and r.name in pb]

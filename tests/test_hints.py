@@ -66,6 +66,18 @@ def test_unseeded_script_gets_the_seed_hint_not_the_hashseed_one(tmp_path):
     assert c.to_json()["hints"] == [h[len("hint: "):] for h in hs]
 
 
+def test_unseeded_script_that_shuffles_gets_the_seed_hint_not_the_hashseed_one(tmp_path):
+    """No seed: the loader shuffles differently (batch ids differ first in chain order) AND the
+    weights start elsewhere; the missing seed explains both, string hashing neither."""
+    a = trace(tmp_path / "a", init_seed=1)
+    b = trace(tmp_path / "b", init_seed=2, batch=lambda k: [k * 2 + 1, k * 2])
+    c = compare_paths(a, b)
+    assert c.first.kind == "batch"
+    hs = hints_of(c)
+    assert any("initial parameters differ: no seed was set" in h for h in hs), hs
+    assert not any("PYTHONHASHSEED" in h for h in hs), hs
+
+
 def test_seeded_runs_get_no_no_seed_hint(tmp_path):
     c = compare_paths(trace(tmp_path / "a", init_seed=1, seed=0), trace(tmp_path / "b", init_seed=2, seed=0))
     assert not any("no seed was set" in h for h in hints_of(c))
@@ -152,8 +164,9 @@ def test_a_long_argv_is_shown_whole(tmp_path):
 def test_lr_difference_is_shown_under_a_param_divergence(tmp_path):
     def same_grads_other_params(k, s):
         rows = _tensors(k, 0)
-        if s == 1:
+        if s == 1:  # a larger step: every parameter far from A's, the forward of step 0 identical
             rows[4] = ("param", "fc1.weight", rows[4][2] * np.float32(2), None)
+            rows[5] = ("param", "fc1.bias", rows[5][2] * np.float32(2), None)
         return rows
 
     a = trace(tmp_path / "a", lr=(0.001,))
@@ -164,6 +177,7 @@ def test_lr_difference_is_shown_under_a_param_divergence(tmp_path):
     lines = render_comparison(c).splitlines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("first divergence"))
     assert "likely explanation: lr differs: 0.001 vs 0.002 at step 0" in "\n".join(lines[i + 1:i + 4])
+    assert hints_of(c) == []  # the forward agreed: the init did not differ, whatever seed the manifest says
     # per group, and never when the gradients already differed (the lr is then not the explanation)
     b2 = trace(tmp_path / "b2", lr=(0.001, 0.5), init_seed=1, tensors=same_grads_other_params)
     assert compare_paths(trace(tmp_path / "a2", lr=(0.001, 0.1)), b2).explanation.startswith("lr (group 1) differs: 0.1 vs 0.5")
