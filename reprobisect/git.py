@@ -511,6 +511,8 @@ def check_links(repo: "RepoInfo | str | os.PathLike[str]", paths: "tuple[str, ..
         full = p if p.is_absolute() else root / p
         # normalise without following symlinks: `data` may itself link elsewhere (the user's choice)
         norm = Path(os.path.normpath(full))
+        if p.is_absolute() and not norm.is_relative_to(root) and norm.parent.exists():
+            norm = norm.parent.resolve() / norm.name  # an absolute path through a symlinked prefix (/tmp -> /private/tmp)
         try:
             rel = norm.relative_to(root)
         except ValueError:

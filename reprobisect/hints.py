@@ -71,7 +71,8 @@ def missing_link_hint(
     ``text``: the probe's error output (outcome detail, traceback, stderr tail).
     ``worktree``: the probe's worktree root; ``source_root``: the user's checkout of the
     same repository; ``subdir``: the folder (relative to the root) the command ran from.
-    A path counts when it is absent from the worktree and present in the user's checkout;
+    A path counts when it is absent from the worktree, present in the user's checkout and
+    not tracked by git there (a file a newer commit added is code, not data to link);
     the ``--link`` suggested is its first component the worktree lacks (``data`` when the
     worktree has no ``data`` folder at all, ``data/raw`` when the commit tracks ``data/``).
     None when no such path is named.
@@ -93,6 +94,8 @@ def missing_link_hint(
             continue
         if os.path.lexists(wt / rel) or not os.path.lexists(src / rel):
             continue
+        if _tracked(src, rel.as_posix()):
+            continue  # git tracks it in the user's checkout: this commit lacks it (code, not data)
         # the first component of rel the worktree lacks: what --link should name
         parts = rel.parts
         k = next((i for i in range(1, len(parts) + 1) if not os.path.lexists(wt.joinpath(*parts[:i]))), len(parts))
@@ -100,6 +103,18 @@ def missing_link_hint(
         return (f"'{rel.as_posix()}' is in your checkout but not in the probe's worktree (git does not track it): "
                 f"pass --link {link} to symlink it into every probe")
     return None
+
+
+def _tracked(root: Path, rel: str) -> bool:
+    """True when git tracks ``rel`` (or files under it) in the checkout at ``root``."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+    try:
+        r = subprocess.run(["git", "ls-files", "--", rel], cwd=root, capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and bool(r.stdout.strip())
 
 
 # --------------------------------------------------------------------------- why runs differ

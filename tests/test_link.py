@@ -162,6 +162,13 @@ def test_missing_file_hint_names_the_link(repo, tmp_path: Path) -> None:
         assert missing_link_hint("No such file or directory: 'nope.txt'", wt, root) is None
         assert missing_link_hint("No such file or directory: 'train.py'", wt, root) is None
         assert missing_link_hint("ValueError: 'data/train.csv' is odd", wt, root) is None
+    # a file git tracks in the user's checkout (a newer commit added it) is code, not data: no hint
+    (root / "new.py").write_text("x = 1\n")
+    git(root, "add", "new.py")
+    git(root, "commit", "-q", "-m", "new")
+    with checkout(root, head) as wt:
+        assert missing_link_hint("No such file or directory: 'new.py'", wt, root) is None
+        assert "--link local.yaml" in missing_link_hint("No such file or directory: 'local.yaml'", wt, root)
 
 
 # --------------------------------------------------------------------------- bisect runs, end to end
