@@ -13,7 +13,9 @@ each one is given only when the evidence makes its cause plausible:
 ``lr_note``            a learning-rate / scheduler difference next to a ``param``
                        divergence whose gradients agreed (shown under the divergence).
 
-Used by ``repro`` (its text), ``seeds`` and the comparison rendering (``render``).
+``compare_traces`` stores ``lr_note`` and ``divergence_hints`` on the ``Comparison``
+(``explanation``, ``hints``); ``render`` prints them, so ``compare``, ``repro``, ``probe``
+and ``runs`` say the same thing. ``missing_link_hint`` runs in ``probe.run_in_dir``.
 Pure: no framework import; reads only the traces' manifests and step scalars.
 """
 
