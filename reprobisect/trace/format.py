@@ -23,6 +23,7 @@ from reprobisect.errors import TraceError
 __all__ = [
     "FORMAT",
     "VERSION",
+    "DTYPES",
     "KINDS",
     "STATUSES",
     "Record",
@@ -113,8 +114,8 @@ class Record:
         try:
             shape = _shape(_field(d, "shape", list))
             dtype = _field(d, "dtype", str)
-            if not _DTYPE.match(dtype):
-                raise ValueError(f"'dtype' is {_short(dtype)}, not a dtype name")
+            if dtype not in DTYPES:
+                raise ValueError(f"unknown dtype {_short(dtype)}")
             stats = _field(d, "stats", dict, optional=True)
             if stats is not None:
                 for k, v in stats.items():
@@ -148,13 +149,19 @@ MAX_ELEMENTS = 2**48
 """Largest element count a recorded shape may have (far beyond any real tensor; keeps
 every later product of dimensions inside int64)."""
 _NON_FINITE = ("nan", "inf", "-inf")
-# Every dtype name torch, NumPy, ml_dtypes or TensorFlow gives (through
-# ``fingerprint.dtype_name``): bool, int8, uint4, qint8, quint4x2, bits1x8, float16,
-# bfloat16, float8_e4m3fn, float4_e2m1fn_x2, complex64, bcomplex32, string...
-_DTYPE = re.compile(
-    r"^(bool|string|resource|variant|q?u?int\d{1,3}(x\d{1,2})?|bits\d{1,2}(x\d{1,2})?"
-    r"|b?float\d{1,3}(_e\d{1,2}m\d{1,2}[a-z0-9]*(_x\d{1,2})?)?|b?complex\d{1,3})$"
+DTYPES = frozenset(
+    # every dtype name ``fingerprint.dtype_name`` gives for torch 2.x, NumPy, ml_dtypes and
+    # TensorFlow; a name outside it is a malformed (or newer-than-this-reader) trace
+    "bool string resource variant "
+    "int1 int2 int3 int4 int5 int6 int7 int8 int16 int32 int64 "
+    "uint1 uint2 uint3 uint4 uint5 uint6 uint7 uint8 uint16 uint32 uint64 "
+    "qint8 qint16 qint32 quint8 quint16 quint2x4 quint4x2 bits1x8 bits2x4 bits4x2 bits8 bits16 "
+    "float16 float32 float64 float96 float128 longdouble bfloat16 "
+    "float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu float8_e3m4 "
+    "float8_e4m3 float8_e4m3b11fnuz float6_e2m3fn float6_e3m2fn float4_e2m1fn float4_e2m1fn_x2 "
+    "complex32 complex64 complex128 complex192 complex256 bcomplex32".split()
 )
+"""Record dtype names a trace may hold."""
 _FILE_PART = re.compile(r"^[A-Za-z0-9_.+=@-]+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true/false", list: "an array", dict: "an object"}
