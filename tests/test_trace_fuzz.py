@@ -1,14 +1,15 @@
 """Fuzz the trace reader: every mutant of a real trace reads as before or is one TraceError.
 
 One small real trace is written once (``TraceWriter`` with NumPy arrays: no torch), with
-full tensors stored at both steps and one state checkpoint, so every parser is reached:
-the manifest, ``steps.jsonl`` and the safetensors shard headers. Each mutant is a copy
-of it with one change: a flipped byte, a truncation, a header/manifest/step field swapped
-for a value of another type, a file name pointing outside, a symlink out of the trace.
+full tensors stored at step 0 and one state checkpoint, so every parser is reached: the
+manifest, ``steps.jsonl`` and the safetensors shard headers. Each mutant is the trace
+with one change: a flipped byte, a truncation, a header/manifest/step field swapped for
+a value of each JSON type, a file name pointing outside, a symlink out of the trace.
 
 A mutant is read the way ``compare`` reads it (``read_trace``, then every stored tensor,
-then ``verify``, then ``compare_traces`` against the original), with and without
-``allow_incomplete``, under a time limit. The only acceptable outcomes:
+then ``verify``, then ``compare_traces`` against the original, rendered as text and
+JSON), also with ``allow_incomplete`` where that matters, under a time limit. The only
+acceptable outcomes:
 
 * a ``TraceError`` with a one-line message, or
 * a successful read; when the change hit a checksummed file and the mutant was not
@@ -187,7 +188,8 @@ def _outcome(path: Path, original) -> list[tuple[str, Any]]:
             t = read_trace(path, allow_incomplete=allow)
             snap = _snapshot(t, path)
             t.verify()
-            compare_traces(original, t)
+            result = compare_traces(original, t)
+            str(result), json.dumps(result.to_json())  # what `bisect compare` prints
             results.append(("ok", snap))
         except TraceError as e:
             msg = str(e)
