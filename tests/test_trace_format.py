@@ -708,3 +708,10 @@ def test_compare_cli_on_a_malformed_trace_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "'batch_ids' is a JSON number, not an array or null" in lines[0], r.stderr
+
+
+def test_a_trace_reached_through_a_symlinked_folder_reads(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    (tmp_path / "link").symlink_to(p)
+    t = read_trace(tmp_path / "link", verify=True)
+    assert t.tensor(0, t.steps[0].records[0]) is not None
