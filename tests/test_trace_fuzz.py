@@ -449,3 +449,25 @@ def test_hypothesis_json_edits(hyp, which, where, value, drop):
     else:
         p = scratch.mutate("manifest.json", json.dumps(doc).encode(), reseal=False)
     _check(p, original, expected, identical=False, label=f"{which} {path} -> {value!r}")
+
+
+def _nesting(x: Any) -> int:
+    if isinstance(x, dict):
+        return 1 + max((_nesting(v) for v in x.values()), default=0)
+    if isinstance(x, list):
+        return 1 + max((_nesting(v) for v in x), default=0)
+    return 0
+
+
+_BRACKETY = st.text(alphabet='[]{}"\\\\aé', max_size=6)
+
+
+@_hyp(200)
+@given(value=st.recursive(st.none() | st.integers() | _BRACKETY,
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(_BRACKETY, c, max_size=3), max_leaves=12),
+       ascii_only=st.booleans())
+def test_depth_prescan_is_exact_for_valid_json(value, ascii_only):
+    """The pre-parse depth scan ignores brackets, quotes and backslashes inside strings."""
+    from reprobisect.trace.jsonsafe import depth
+
+    assert depth(json.dumps(value, ensure_ascii=ascii_only).encode()) == _nesting(value)
