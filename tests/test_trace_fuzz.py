@@ -395,7 +395,7 @@ def _hyp(n: int) -> settings:
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-@_hyp(80)
+@_hyp(60)
 @given(
     which=st.sampled_from(["steps.jsonl", SHARD, "manifest.json"]),
     edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), min_size=1, max_size=4),
@@ -426,7 +426,7 @@ _JSON = st.recursive(
 )
 
 
-@_hyp(150)
+@_hyp(100)
 @given(which=st.sampled_from(["header", "step", "manifest"]), where=st.integers(0, 10**6), value=_JSON,
        drop=st.booleans())
 def test_hypothesis_json_edits(hyp, which, where, value, drop):
@@ -462,7 +462,7 @@ def _nesting(x: Any) -> int:
 _BRACKETY = st.text(alphabet='[]{}"\\\\aé', max_size=6)
 
 
-@_hyp(200)
+@_hyp(150)
 @given(value=st.recursive(st.none() | st.integers() | _BRACKETY,
                           lambda c: st.lists(c, max_size=3) | st.dictionaries(_BRACKETY, c, max_size=3), max_leaves=12),
        ascii_only=st.booleans())

@@ -154,7 +154,9 @@ def _verify(trace: Trace) -> Verified:
     for rel, info in trace.manifest.files.items():
         p = _inside(root, rel)
         if not p.is_file() or p.stat().st_size != info["size"]:
-            raise TraceError(f"trace '{root}' is truncated or modified: {rel} is missing or not {info['size']} bytes; re-capture it")
+            raise TraceError(
+                f"trace '{root}' is truncated or modified: {rel} is missing or not {info['size']} bytes; re-capture it"
+            )
         _check_digest(root, rel, info)
         total += info["size"]
         if rel.endswith(".safetensors"):
@@ -168,8 +170,12 @@ def _verify(trace: Trace) -> Verified:
                 continue
             rel = shard_name(s.step)
             if rel not in entries:
-                if trace.manifest.status != "incomplete" or not _inside(root, rel).is_file():
-                    raise TraceError(f"trace '{root}' lists a stored tensor at step {s.step} but {rel} is not in its manifest; re-capture it")
+                if trace.manifest.status != "incomplete":
+                    raise TraceError(
+                        f"trace '{root}' was modified after it was sealed ({rel} is not in its manifest); re-capture it"
+                    )
+                if not _inside(root, rel).is_file():
+                    raise TraceError(f"trace '{root}' lists a stored tensor at step {s.step} but {rel} is missing")
                 entries[rel] = shards.check(root / rel)
             key = tensor_key(rec.kind, rec.name)
             e = entries[rel].get(key)

@@ -4,7 +4,9 @@ The safetensors layout is simple (8-byte little-endian header size, JSON header,
 bytes), and writing it here lets bfloat16 and float8 round-trip through ml_dtypes (the
 safetensors NumPy binding rejects float8) and lets the reader pull one tensor out of a
 shard without reading the rest. Files written here load with the safetensors library.
-Nothing is ever unpickled.
+Nothing is ever unpickled. Reading validates a header as strictly as the safetensors
+library does (``parse_header``), so a forged or damaged shard is a ``TraceError``, never
+another exception and never a tensor read from the wrong bytes.
 """
 
 from __future__ import annotations
@@ -166,7 +168,9 @@ def parse_header(raw: bytes, data_size: int, path: Path) -> dict[str, Entry]:
         if not 0 <= begin <= end:
             raise _bad(path, f"{what} has data_offsets {offsets}, not 0 <= begin <= end")
         if end > data_size:
-            raise TraceError(f"tensor '{name}' in shard '{path}' points past the end of the file (truncated?); re-run the capture")
+            raise TraceError(
+                f"tensor '{name}' in shard '{path}' points past the end of the file (truncated?); re-run the capture"
+            )
         count = 1
         for d in shape:
             count *= d  # Python ints: a 2**62-element shape cannot wrap around
