@@ -377,3 +377,341 @@ def test_no_temp_files_left_after_sealing(tmp_path):
     names = [q.name for q in p.rglob("*")]
     assert not [n for n in names if ".tmp" in n], names
     assert sorted(os.listdir(p / "tensors")) == ["step-000000.safetensors", "step-000001.safetensors"]
+
+
+# -- malformed traces (issue 10): every refusal is one TraceError line ----------------
+#
+# A manifest's SHA-256 is not a signature: anyone who edits a file can re-seal it. So the
+# mutations below are re-sealed (sizes and digests recomputed) and must be refused by the
+# parser itself, not only by the checksum.
+
+
+def _reseal(p: Path, manifest: dict | None = None, edit=None) -> None:
+    """Recompute the size and SHA-256 of every listed file, apply ``edit``, write the manifest."""
+    import hashlib
+
+    m = manifest if manifest is not None else json.loads((p / "manifest.json").read_text())
+    for rel, info in m.get("files", {}).items():
+        f = p / rel
+        if isinstance(info, dict) and f.is_file():
+            info["size"] = f.stat().st_size
+            info["sha256"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    if edit is not None:
+        edit(m)
+    (p / "manifest.json").write_text(json.dumps(m))
+
+
+def _edit_manifest(p: Path, edit) -> None:
+    _reseal(p, edit=edit)
+
+
+def _edit_step_line(p: Path, edit, line: int = 0) -> None:
+    lines = (p / "steps.jsonl").read_text().splitlines()
+    d = json.loads(lines[line])
+    edit(d)
+    lines[line] = json.dumps(d)
+    (p / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    _reseal(p)
+
+
+def _one_line_error(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_manifest_nested_100000_deep_is_refused_before_parsing(tmp_path):
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "manifest.json").write_text(
+        '{"format": "reprobisect-trace", "version": 1, "status": "complete", "extra": '
+        + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    (d / "steps.jsonl").write_text("")
+    with pytest.raises(TraceError, match=r"manifest.json is nested 100001 deep, more than 64") as e:
+        read_trace(d)
+    _one_line_error(e)
+
+
+def test_oversized_manifest_is_refused_before_reading(tmp_path, monkeypatch):
+    from reprobisect.trace import reader
+
+    p = write_trace(tmp_path / "t", steps=1)
+    monkeypatch.setattr(reader, "MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(TraceError, match=r"manifest.json is \d+ bytes, more than a trace's 100"):
+        read_trace(p)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m["files"].__setitem__("steps.jsonl", "abc"), r"files entry 'steps.jsonl' is a JSON string, not an object"),
+        (lambda m: m["files"].__setitem__("steps.jsonl", None), r"files entry 'steps.jsonl' is a JSON null, not an object"),
+        (lambda m: m.__setitem__("files", ["steps.jsonl"]), r"'files' is a JSON array, not an object"),
+        (lambda m: m["files"]["steps.jsonl"].__setitem__("size", "12"), r"files entry 'steps.jsonl' has size '12', not a non-negative integer"),
+        (lambda m: m["files"]["steps.jsonl"].__setitem__("size", True), r"files entry 'steps.jsonl' has size True, not a non-negative integer"),
+        (lambda m: m["files"]["steps.jsonl"].__setitem__("sha256", 7), r"files entry 'steps.jsonl' has sha256 7, not 64 hex digits"),
+        (lambda m: m.__setitem__("command", "python train.py"), r"'command' is a JSON string, not an array"),
+        (lambda m: m.__setitem__("outcome", ["ok"]), r"'outcome' is a JSON array, not an object"),
+        (lambda m: m.__setitem__("steps", True), r"'steps' is a JSON boolean, not an integer"),
+        (lambda m: m.__setitem__("environment", "cpu"), r"'environment' is a JSON string, not an object"),
+    ],
+)
+def test_manifest_fields_of_the_wrong_type_are_refused(tmp_path, edit, match):
+    p = write_trace(tmp_path / "t", steps=1)
+    _edit_manifest(p, edit)
+    with pytest.raises(TraceError, match=r"malformed manifest \(" + match) as e:
+        read_trace(p)
+    _one_line_error(e)
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "tensors/../../outside.bin", "ABS", "tensors//x", "./steps.jsonl", "a\\b"])
+def test_manifest_file_names_outside_the_trace_are_refused(tmp_path, name):
+    import hashlib
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"secret")
+    name = str(outside) if name == "ABS" else name
+    p = write_trace(tmp_path / "t", steps=1)
+    _edit_manifest(p, lambda m: m["files"].__setitem__(
+        name, {"size": 6, "sha256": hashlib.sha256(b"secret").hexdigest()}))
+    with pytest.raises(TraceError, match=r"is not a plain relative path inside the trace"):
+        read_trace(p)
+
+
+def test_steps_file_symlinked_outside_the_trace_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    (p / "steps.jsonl").rename(tmp_path / "elsewhere.jsonl")
+    (p / "steps.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    with pytest.raises(TraceError, match=r"steps.jsonl is a link to '.*elsewhere.jsonl', outside the trace"):
+        read_trace(p)
+
+
+def test_shard_folder_symlinked_outside_the_trace_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    (p / "tensors").rename(tmp_path / "elsewhere")
+    (p / "tensors").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(TraceError, match=r"tensors/step-000000.safetensors is a link to .*outside the trace"):
+        read_trace(p)
+
+
+def test_a_symlink_that_stays_inside_the_trace_still_reads(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    (p / "steps.jsonl").rename(p / "steps.real")
+    (p / "steps.jsonl").symlink_to("steps.real")
+    assert [s.step for s in read_trace(p).steps] == [0]
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.__setitem__("batch_ids", 5), r"'batch_ids' is a JSON number, not an array or null"),
+        (lambda d: d.__setitem__("batch_ids", "0-99"), r"'batch_ids' is a JSON string, not an array or null"),
+        (lambda d: d.__setitem__("scalars", [1.0]), r"'scalars' is a JSON array, not an object"),
+        (lambda d: d.__setitem__("step", True), r"'step' is True, not a non-negative integer"),
+        (lambda d: d.__setitem__("step", -1), r"'step' is -1, not a non-negative integer"),
+        (lambda d: d.__setitem__("step", 0.0), r"'step' is 0.0, not a non-negative integer"),
+        (lambda d: d["records"][0]["stats"].__setitem__("mean", "NaN"), r"stat 'mean' is 'NaN', not a number"),
+        (lambda d: d["records"][0]["stats"].__setitem__("nan", None), r"stat 'nan' is None, not a number"),
+        (lambda d: d["records"][0]["stats"].__setitem__("nan", True), r"stat 'nan' is True, not a number"),
+        (lambda d: d["records"][0].__setitem__("stats", "none"), r"'stats' is a JSON string, not an object"),
+        (lambda d: d["records"][0].__setitem__("shape", [4.0, 4.0]), r"'shape' holds 4.0, not a non-negative integer"),
+        (lambda d: d["records"][0].__setitem__("shape", [-4, -4]), r"'shape' holds -4, not a non-negative integer"),
+        (lambda d: d["records"][0].__setitem__("shape", [True]), r"'shape' holds True, not a non-negative integer"),
+        (lambda d: d["records"][0].__setitem__("shape", [2**62, 4]), r"has 18446744073709551616 elements, more than any real tensor"),
+        (lambda d: d["records"][0].__setitem__("shape", [1] * 33), r"'shape' has 33 dimensions, more than 32"),
+        (lambda d: d["records"][0].__setitem__("dtype", "float99"), r"unknown dtype 'float99'"),
+        (lambda d: d["records"][0].__setitem__("order", False), r"'order' is a JSON boolean, not an integer"),
+        (lambda d: d["records"][0].__setitem__("stored", "yes"), r"'stored' is a JSON string, not true/false"),
+        (lambda d: d["records"][0].__setitem__("inputs", [1, 2]), r"'inputs' holds something other than fingerprint strings"),
+        (lambda d: d["records"][0].__setitem__("meta", [1]), r"'meta' is a JSON array, not an object"),
+        (lambda d: d["records"][0].pop("fingerprint"), r"no 'fingerprint' field"),
+        (lambda d: d["records"].__setitem__(0, None), r"a record is a JSON null, not an object"),
+    ],
+)
+def test_step_lines_of_the_wrong_type_are_refused(tmp_path, edit, match):
+    p = write_trace(tmp_path / "t", steps=2)
+    _edit_step_line(p, edit)
+    with pytest.raises(TraceError, match=r"steps.jsonl line 1.*" + match) as e:
+        read_trace(p)
+    _one_line_error(e)
+
+
+def test_a_bool_is_not_a_step_number(tmp_path):
+    p = write_trace(tmp_path / "t", steps=2)
+    _edit_step_line(p, lambda d: d.__setitem__("step", True), line=0)  # True == 1 in Python
+    with pytest.raises(TraceError, match=r"'step' is True, not a non-negative integer"):
+        read_trace(p)
+
+
+def test_step_line_nested_too_deep_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    lines = (p / "steps.jsonl").read_text().splitlines()
+    d = json.loads(lines[0])
+    d["scalars"]["deep"] = "@"
+    lines[0] = json.dumps(d).replace('"@"', "[" * 5000 + "]" * 5000)
+    (p / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    _reseal(p)
+    with pytest.raises(TraceError, match=r"steps.jsonl line 1 is nested 5002 deep, more than 64"):
+        read_trace(p)
+
+
+def test_non_standard_json_constants_are_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    text = (p / "steps.jsonl").read_text().replace('"loss":1.0', '"loss":NaN')
+    (p / "steps.jsonl").write_text(text)
+    _reseal(p)
+    with pytest.raises(TraceError, match=r"steps.jsonl line 1 is not JSON"):
+        read_trace(p)
+
+
+# shard headers: what the safetensors library itself refuses
+
+
+def _rewrite_shard(p: Path, step: int, header, data: bytes | None = None) -> None:
+    shard = p / shard_name(step)
+    raw = shard.read_bytes()
+    (n,) = np.frombuffer(raw[:8], "<u8")
+    body = raw[8 + int(n):] if data is None else data
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    shard.write_bytes(len(head).to_bytes(8, "little") + head + body)
+    _reseal(p)
+
+
+def _shard_header(p: Path, step: int) -> dict:
+    raw = (p / shard_name(step)).read_bytes()
+    (n,) = np.frombuffer(raw[:8], "<u8")
+    return json.loads(raw[8 : 8 + int(n)])
+
+
+def _header_edit(fn):
+    def edit(h):
+        fn(h)
+        return h
+    return edit
+
+
+_X = "input/x"  # the first record's tensor key in write_trace
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda h: [], r"its header is a JSON list, not an object"),
+        (lambda h: "tensors", r"its header is a JSON str, not an object"),
+        (lambda h: None, r"its header is a JSON NoneType, not an object"),
+        (_header_edit(lambda h: h[_X]["data_offsets"].append(64)), r"tensor 'input/x' has data_offsets \[0, 64, 64\], not two ints"),
+        (_header_edit(lambda h: h[_X].__setitem__("data_offsets", [0.0, 64.0])), r"data_offsets \[0.0, 64.0\], not two ints"),
+        (_header_edit(lambda h: h[_X].__setitem__("data_offsets", [64, 0])), r"data_offsets \[64, 0\], not 0 <= begin <= end"),
+        (_header_edit(lambda h: h[_X].__setitem__("shape", [4.0, 4.0])), r"shape \[4.0, 4.0\], not a list of at most 32 non-negative ints"),
+        (_header_edit(lambda h: h[_X].__setitem__("shape", [-4, -4])), r"shape \[-4, -4\], not a list"),
+        (_header_edit(lambda h: h[_X].__setitem__("shape", [2**62, 4])), r"has 64 bytes of data but shape \[4611686018427387904, 4\] of F32 needs"),
+        (_header_edit(lambda h: h[_X].__setitem__("shape", "4x4")), r"shape \"4x4\", not a list"),
+        (_header_edit(lambda h: h[_X].__setitem__("dtype", "F99")), r"tensor 'input/x' has unknown dtype 'F99'"),
+        (_header_edit(lambda h: h[_X].__setitem__("dtype", None)), r"tensor 'input/x' has unknown dtype None"),
+        (_header_edit(lambda h: h[_X].pop("dtype")), r"tensor 'input/x' lacks dtype"),
+        (_header_edit(lambda h: h[_X].__setitem__("extra", 1)), r"tensor 'input/x' has unknown field extra"),
+        (_header_edit(lambda h: h.__setitem__(_X, [1])), r"tensor 'input/x' is a JSON list, not an object"),
+        (_header_edit(lambda h: h.__setitem__("__metadata__", {"a": 1})), r"__metadata__ is not an object of strings"),
+        # overlapping ranges: activation/fc reads half of input/x's bytes
+        (_header_edit(lambda h: h["activation/fc"].update(shape=[16], data_offsets=[32, 96])), r"tensor 'activation/fc' overlaps the tensor before it"),
+        (_header_edit(lambda h: h[_X].__setitem__("data_offsets", [64, 128])), r"leaves a gap of 64 bytes before it"),
+        (_header_edit(lambda h: h.pop("param/fc.weight")), r"64 bytes after the last tensor belong to none"),
+        (lambda h: b'{"input/x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}, "input/x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}}',
+         r"key 'input/x' appears twice"),
+        (lambda h: b"\xff\xfe{}", r"its header is not JSON"),
+        (lambda h: b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"its header is nested 100001 deep, more than 3"),
+    ],
+)
+def test_malformed_shard_headers_are_refused(tmp_path, make, match):
+    p = write_trace(tmp_path / "t", steps=1)
+    _rewrite_shard(p, 0, make(_shard_header(p, 0)))
+    t = read_trace(p)
+    with pytest.raises(TraceError, match=r"^tensor shard '.*step-000000.safetensors' is malformed: .*" + match) as e:
+        t.tensor(0, t.steps[0].records[0])
+    _one_line_error(e)
+    with pytest.raises(TraceError, match=match):
+        t.verify()
+
+
+def test_shard_data_cut_short_after_a_valid_header_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    _rewrite_shard(p, 0, _shard_header(p, 0), data=b"\0" * 100)
+    t = read_trace(p)
+    with pytest.raises(TraceError, match=r"points past the end of the file \(truncated\?\)"):
+        t.tensor(0, t.steps[0].records[0])
+
+
+def test_a_shard_tensor_that_disagrees_with_its_record_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    h = _shard_header(p, 0)
+    h[_X].update(dtype="I32")  # same bytes, read as int32: a different tensor than recorded
+    _rewrite_shard(p, 0, h)
+    t = read_trace(p)
+    with pytest.raises(TraceError, match=r"tensor 'input/x' in tensors/step-000000.safetensors is int32 \(4, 4\) but steps.jsonl records float32 \(4, 4\)"):
+        t.tensor(0, t.steps[0].records[0])
+
+
+def test_a_sealed_trace_shard_missing_from_its_manifest_is_refused(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    _edit_manifest(p, lambda m: m["files"].pop(shard_name(0)))
+    t = read_trace(p)
+    with pytest.raises(TraceError, match=r"modified after it was sealed \(tensors/step-000000.safetensors is not in its manifest\)"):
+        t.tensor(0, t.steps[0].records[0])
+
+
+def test_verify_trace_finds_a_corrupt_shard_that_fingerprint_compare_never_reads(tmp_path):
+    from reprobisect.compare import compare_paths
+    from reprobisect.trace.reader import verify_trace
+
+    a = write_trace(tmp_path / "a", steps=2)
+    b = write_trace(tmp_path / "b", steps=2)
+    shard = b / shard_name(1)
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert compare_paths(a, b)  # matching fingerprints: no shard is read, documented
+    v = verify_trace(a)
+    assert v.files == 3 and v.stored_tensors == 8 and v.bytes == sum(int(i["size"]) for i in read_trace(a).manifest.files.values())
+    with pytest.raises(TraceError, match=r"modified after it was sealed \(tensors/step-000001.safetensors does not match its checksum\)"):
+        verify_trace(b)
+    with pytest.raises(TraceError, match="does not match its checksum"):
+        read_trace(b, verify=True)
+
+
+def test_every_dtype_name_a_recorder_gives_is_accepted():
+    import ml_dtypes as mld
+
+    from reprobisect.trace.fingerprint import dtype_name
+    from reprobisect.trace.format import DTYPES
+
+    names = {dtype_name(np.dtype(d)) for d in DTYPES_NP} | {
+        dtype_name(np.dtype(getattr(mld, n))) for n in dir(mld)
+        if isinstance(getattr(mld, n), type) and issubclass(getattr(mld, n), np.generic)
+    }
+    torch = pytest.importorskip("torch")
+    names |= {dtype_name(getattr(torch, n)) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    assert names <= DTYPES, sorted(names - DTYPES)
+
+
+DTYPES_NP = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+             np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble]
+
+
+def test_compare_cli_on_a_malformed_trace_exits_2_with_one_line(tmp_path):
+    a = write_trace(tmp_path / "a", steps=1)
+    b = write_trace(tmp_path / "b", steps=1)
+    _edit_step_line(b, lambda d: d.__setitem__("batch_ids", 5))
+    r = subprocess.run([sys.executable, "-m", "reprobisect", "compare", str(a), str(b)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'batch_ids' is a JSON number, not an array or null" in lines[0], r.stderr
+
+
+def test_a_trace_reached_through_a_symlinked_folder_reads(tmp_path):
+    p = write_trace(tmp_path / "t", steps=1)
+    (tmp_path / "link").symlink_to(p)
+    t = read_trace(tmp_path / "link", verify=True)
+    assert t.tensor(0, t.steps[0].records[0]) is not None

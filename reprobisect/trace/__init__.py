@@ -2,7 +2,7 @@
 
 from reprobisect.trace.fingerprint import fingerprint, fingerprint_and_stats, stats
 from reprobisect.trace.format import FORMAT, KINDS, VERSION, Manifest, Record, Step
-from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.trace.reader import Trace, read_trace, verify_trace
 from reprobisect.trace.writer import TraceWriter
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "read_trace",
     "record_array",
     "stats",
+    "verify_trace",
 ]
 
 

@@ -14,6 +14,7 @@ Chain order within a step is what makes "first" meaningful: ``KINDS`` lists it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +23,13 @@ from reprobisect.errors import TraceError
 __all__ = [
     "FORMAT",
     "VERSION",
+    "DTYPES",
     "KINDS",
     "STATUSES",
     "Record",
     "Step",
     "Manifest",
+    "check_file_name",
     "shard_name",
     "tensor_key",
 ]
@@ -107,31 +110,129 @@ class Record:
     @classmethod
     def from_json(cls, d: Any, where: str) -> "Record":
         if not isinstance(d, dict):
-            raise TraceError(f"{where}: a record is not an object")
+            raise TraceError(f"{where}: a record is a JSON {_json_type(d)}, not an object")
         try:
+            shape = _shape(_field(d, "shape", list))
+            dtype = _field(d, "dtype", str)
+            if dtype not in DTYPES:
+                raise ValueError(f"unknown dtype {_short(dtype)}")
+            stats = _field(d, "stats", dict, optional=True)
+            if stats is not None:
+                for k, v in stats.items():
+                    if not (_is_number(v) or v in _NON_FINITE):
+                        raise ValueError(f"stat '{k}' is {_short(v)}, not a number or \"nan\"/\"inf\"/\"-inf\"")
+            inputs = _field(d, "inputs", list, optional=True)
+            if inputs is not None and not all(isinstance(x, str) for x in inputs):
+                raise ValueError("'inputs' holds something other than fingerprint strings")
             rec = cls(
-                name=_typed(d["name"], str),
-                kind=_typed(d["kind"], str),
-                order=_typed(d["order"], int),
-                dtype=_typed(d["dtype"], str),
-                shape=tuple(_typed(x, int) for x in _typed(d["shape"], list)),
-                fingerprint=_typed(d["fingerprint"], str),
-                stats=d.get("stats"),
-                stored=bool(d.get("stored", False)),
-                module=d.get("module"),
-                inputs=tuple(d["inputs"]) if d.get("inputs") is not None else None,
-                meta=d.get("meta"),
+                name=_field(d, "name", str),
+                kind=_field(d, "kind", str),
+                order=_field(d, "order", int),
+                dtype=dtype,
+                shape=shape,
+                fingerprint=_field(d, "fingerprint", str),
+                stats=stats,
+                stored=_field(d, "stored", bool, optional=True) or False,
+                module=_field(d, "module", str, optional=True),
+                inputs=tuple(inputs) if inputs is not None else None,
+                meta=_field(d, "meta", dict, optional=True),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:
             raise TraceError(f"{where}: malformed record ({e})") from None
         if rec.kind not in KINDS:
             raise TraceError(f"{where}: record '{rec.name}' has unknown kind '{rec.kind}'")
         return rec
 
 
-def _typed(x: Any, t: type) -> Any:
+MAX_RANK = 32
+MAX_ELEMENTS = 2**48
+"""Largest element count a recorded shape may have (far beyond any real tensor; keeps
+every later product of dimensions inside int64)."""
+_NON_FINITE = ("nan", "inf", "-inf")
+DTYPES = frozenset(
+    # every dtype name ``fingerprint.dtype_name`` gives for torch 2.x, NumPy, ml_dtypes and
+    # TensorFlow; a name outside it is a malformed (or newer-than-this-reader) trace
+    "bool string resource variant "
+    "int1 int2 int3 int4 int5 int6 int7 int8 int16 int32 int64 "
+    "uint1 uint2 uint3 uint4 uint5 uint6 uint7 uint8 uint16 uint32 uint64 "
+    "qint8 qint16 qint32 quint8 quint16 quint2x4 quint4x2 bits1x8 bits2x4 bits4x2 bits8 bits16 "
+    "float16 float32 float64 float96 float128 longdouble bfloat16 "
+    "float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu float8_e3m4 "
+    "float8_e4m3 float8_e4m3b11fnuz float6_e2m3fn float6_e3m2fn float4_e2m1fn float4_e2m1fn_x2 "
+    "complex32 complex64 complex128 complex192 complex256 bcomplex32".split()
+)
+"""Record dtype names a trace may hold."""
+_FILE_PART = re.compile(r"^[A-Za-z0-9_.+=@-]+$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true/false", list: "an array", dict: "an object"}
+
+
+def _json_type(x: Any) -> str:
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number"}.get(type(x), type(x).__name__)
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _field(d: dict[str, Any], key: str, t: type, *, optional: bool = False) -> Any:
+    """``d[key]`` if it is a ``t`` (a bool is not an int here); None if optional and absent/null."""
+    if key not in d:
+        if optional:
+            return None
+        raise ValueError(f"no '{key}' field")
+    x = d[key]
+    if x is None and optional:
+        return None
     if not isinstance(x, t) or (t is int and isinstance(x, bool)):
-        raise TypeError(f"expected {t.__name__}, got {type(x).__name__}")
+        raise ValueError(f"'{key}' is a JSON {_json_type(x)}, not {_TYPE_NAMES.get(t, t.__name__)}")
+    return x
+
+
+def _shape(xs: list[Any]) -> tuple[int, ...]:
+    if len(xs) > MAX_RANK:
+        raise ValueError(f"'shape' has {len(xs)} dimensions, more than {MAX_RANK}")
+    count = 1
+    for x in xs:
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise ValueError(f"'shape' holds {_short(x)}, not a non-negative integer")
+        count *= x
+    if count > MAX_ELEMENTS:
+        raise ValueError(f"'shape' {_short(xs)} has {count} elements, more than any real tensor")
+    return tuple(xs)
+
+
+def check_file_name(rel: Any) -> str:
+    """A manifest file name: relative, '/'-separated, inside the trace (no '..', no '.')."""
+    if not isinstance(rel, str) or not rel or len(rel) > 1024:
+        raise ValueError(f"file name {_short(rel)} is not a relative path")
+    parts = rel.split("/")
+    if rel.startswith("/") or len(parts) > 16 or any(p in ("", ".", "..") or not _FILE_PART.match(p) for p in parts):
+        raise ValueError(f"file name {_short(rel)} is not a plain relative path inside the trace")
+    return rel
+
+
+def _files(x: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(x, dict):
+        raise ValueError(f"'files' is a JSON {_json_type(x)}, not an object")
+    for rel, info in x.items():
+        check_file_name(rel)
+        if not isinstance(info, dict):
+            raise ValueError(f"files entry '{rel}' is a JSON {_json_type(info)}, not an object")
+        size, digest = info.get("size"), info.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"files entry '{rel}' has size {_short(size)}, not a non-negative integer")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise ValueError(f"files entry '{rel}' has sha256 {_short(digest)}, not 64 hex digits")
     return x
 
 
@@ -157,13 +258,21 @@ class Step:
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> "Step":
-        if not isinstance(d, dict) or not isinstance(d.get("step"), int) or not isinstance(d.get("records"), list):
+        if not isinstance(d, dict) or "step" not in d or not isinstance(d.get("records"), list):
             raise TraceError(f"{where}: not a step line (needs 'step' and 'records')")
+        k = d["step"]
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise TraceError(f"{where}: 'step' is {_short(k)}, not a non-negative integer")
         records = tuple(Record.from_json(r, f"{where}, record {i}") for i, r in enumerate(d["records"]))
-        scalars = d.get("scalars") or {}
+        scalars = d.get("scalars")
+        if scalars is None:
+            scalars = {}
         if not isinstance(scalars, dict):
-            raise TraceError(f"{where}: 'scalars' is not an object")
-        return cls(step=d["step"], records=records, batch_ids=d.get("batch_ids"), scalars=scalars)
+            raise TraceError(f"{where}: 'scalars' is a JSON {_json_type(scalars)}, not an object")
+        batch_ids = d.get("batch_ids")
+        if batch_ids is not None and not isinstance(batch_ids, list):
+            raise TraceError(f"{where}: 'batch_ids' is a JSON {_json_type(batch_ids)}, not an array or null")
+        return cls(step=k, records=records, batch_ids=batch_ids, scalars=scalars)
 
 
 @dataclass(frozen=True)
@@ -206,23 +315,29 @@ class Manifest:
     @classmethod
     def from_json(cls, d: dict[str, Any], where: str) -> "Manifest":
         try:
-            status = _typed(d["status"], str)
+            status = _field(d, "status", str)
             if status not in STATUSES:
                 raise ValueError(f"unknown status '{status}'")
+            command = _field(d, "command", list, optional=True) or []
+            if not all(isinstance(c, str) for c in command):
+                raise ValueError("'command' holds something other than strings")
+            steps = _field(d, "steps", int, optional=True) or 0
+            if steps < 0:
+                raise ValueError(f"'steps' is {steps}")
             return cls(
                 status=status,
-                command=list(d.get("command") or []),
-                environment=_typed(d.get("environment") or {}, dict),
-                policy=_typed(d.get("policy") or {}, dict),
-                steps=_typed(d.get("steps", 0), int),
+                command=list(command),
+                environment=_field(d, "environment", dict, optional=True) or {},
+                policy=_field(d, "policy", dict, optional=True) or {},
+                steps=steps,
                 seed=d.get("seed"),
-                revision=d.get("revision"),
-                outcome=d.get("outcome"),
-                error=d.get("error"),
-                created=d.get("created"),
-                recorder=d.get("recorder"),
-                files=_typed(d.get("files") or {}, dict),
-                extra=_typed(d.get("extra") or {}, dict),
+                revision=_field(d, "revision", dict, optional=True),
+                outcome=_field(d, "outcome", dict, optional=True),
+                error=_field(d, "error", str, optional=True),
+                created=_field(d, "created", str, optional=True),
+                recorder=_field(d, "recorder", dict, optional=True),
+                files=_files(d["files"] if d.get("files") is not None else {}),
+                extra=_field(d, "extra", dict, optional=True) or {},
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:
             raise TraceError(f"{where}: malformed manifest ({e}); re-run the capture") from None

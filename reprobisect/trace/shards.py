@@ -4,7 +4,9 @@ The safetensors layout is simple (8-byte little-endian header size, JSON header,
 bytes), and writing it here lets bfloat16 and float8 round-trip through ml_dtypes (the
 safetensors NumPy binding rejects float8) and lets the reader pull one tensor out of a
 shard without reading the rest. Files written here load with the safetensors library.
-Nothing is ever unpickled.
+Nothing is ever unpickled. Reading validates a header as strictly as the safetensors
+library does (``parse_header``), so a forged or damaged shard is a ``TraceError``, never
+another exception and never a tensor read from the wrong bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -20,8 +23,9 @@ import ml_dtypes
 import numpy as np
 
 from reprobisect.errors import TraceError
+from reprobisect.trace.jsonsafe import loads_bounded
 
-__all__ = ["save", "load", "load_one", "keys"]
+__all__ = ["Entry", "save", "load", "load_one", "keys", "check", "parse_header"]
 
 _TO_ST = {
     np.dtype(np.bool_): "BOOL",
@@ -86,7 +90,110 @@ def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
     return 8 + len(head) + offset, digest.hexdigest()
 
 
-def _header(f, path: Path) -> tuple[dict, int]:
+_MAX_RANK = 32
+_META = "__metadata__"
+_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a shard header, validated: dtype, shape and byte range in the data."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"key '{k}' appears twice")
+            seen.add(k)
+    return d
+
+
+def _bad(path: Path, what: str) -> TraceError:
+    return TraceError(f"tensor shard '{path}' is malformed: {what}; re-run the capture")
+
+
+def parse_header(raw: bytes, data_size: int, path: Path) -> dict[str, Entry]:
+    """Validate a safetensors JSON header the way the safetensors library does.
+
+    The header is a JSON object, nested at most three deep; ``__metadata__`` (optional)
+    maps strings to strings; every other key is a tensor with exactly ``dtype`` (a
+    safetensors dtype name this reader knows), ``shape`` (at most 32 non-negative ints)
+    and ``data_offsets`` (two ints, ``0 <= begin <= end``). Each tensor's byte range is
+    exactly its element count times its item size, and the ranges, in order, tile the
+    data after the header with no gap, overlap or tail. Anything else is a ``TraceError``.
+    """
+    try:
+        header = loads_bounded(raw, max_depth=3, object_pairs_hook=_no_duplicates)
+    except TraceError as e:
+        raise _bad(path, f"its header {e}") from None
+    except ValueError as e:
+        raise _bad(path, f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, f"its header is a JSON {type(header).__name__}, not an object")
+    meta = header.pop(_META, None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise _bad(path, "its __metadata__ is not an object of strings")
+    entries: dict[str, Entry] = {}
+    for name, info in header.items():
+        what = f"tensor '{name}'"
+        if not isinstance(info, dict):
+            raise _bad(path, f"{what} is a JSON {type(info).__name__}, not an object")
+        if set(info) != _ENTRY_KEYS:
+            missing = sorted(_ENTRY_KEYS - set(info))
+            extra = sorted(set(info) - _ENTRY_KEYS)
+            raise _bad(path, f"{what} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown field {extra[0]}"))
+        st = info["dtype"]
+        dtype = _FROM_ST.get(st) if isinstance(st, str) else None
+        if dtype is None:
+            raise _bad(path, f"{what} has unknown dtype {st!r}")
+        shape = info["shape"]
+        if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(_is_int(d) and d >= 0 for d in shape):
+            raise _bad(path, f"{what} has shape {_short(shape)}, not a list of at most {_MAX_RANK} non-negative ints")
+        offsets = info["data_offsets"]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+            raise _bad(path, f"{what} has data_offsets {_short(offsets)}, not two ints")
+        begin, end = offsets
+        if not 0 <= begin <= end:
+            raise _bad(path, f"{what} has data_offsets {offsets}, not 0 <= begin <= end")
+        if end > data_size:
+            raise TraceError(
+                f"tensor '{name}' in shard '{path}' points past the end of the file (truncated?); re-run the capture"
+            )
+        count = 1
+        for d in shape:
+            count *= d  # Python ints: a 2**62-element shape cannot wrap around
+        if count * dtype.itemsize != end - begin:
+            raise _bad(path, f"{what} has {end - begin} bytes of data but shape {shape} of {st} needs {count * dtype.itemsize}")
+        entries[name] = Entry(dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+    at = 0
+    for name, e in sorted(entries.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
+        if e.begin != at:
+            how = "overlaps the tensor before it" if e.begin < at else f"leaves a gap of {e.begin - at} bytes before it"
+            raise _bad(path, f"tensor '{name}' {how} (data_offsets {[e.begin, e.end]})")
+        at = e.end
+    if at != data_size:
+        raise _bad(path, f"{data_size - at} bytes after the last tensor belong to none")
+    return entries
+
+
+def _short(x: object) -> str:
+    s = json.dumps(x) if not isinstance(x, float) else repr(x)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _header(f, path: Path) -> tuple[dict[str, Entry], int]:
     size = os.fstat(f.fileno()).st_size
     raw = f.read(8)
     if len(raw) < 8:
@@ -94,17 +201,10 @@ def _header(f, path: Path) -> tuple[dict, int]:
     (n,) = struct.unpack("<Q", raw)
     if n > _MAX_HEADER or 8 + n > size:
         raise TraceError(f"tensor shard '{path}' has a corrupt header; re-run the capture")
-    try:
-        header = json.loads(f.read(n))
-    except ValueError:
-        raise TraceError(f"tensor shard '{path}' has a corrupt header; re-run the capture") from None
-    header.pop("__metadata__", None)
-    data_size = size - 8 - n
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        if not 0 <= begin <= end <= data_size:
-            raise TraceError(f"tensor '{name}' in shard '{path}' points past the end of the file (truncated?)")
-    return header, 8 + n
+    head = f.read(n)
+    if len(head) != n:
+        raise TraceError(f"tensor shard '{path}' is truncated (header cut short); re-run the capture")
+    return parse_header(head, size - 8 - n, path), 8 + n
 
 
 def keys(path: str | os.PathLike) -> list[str]:
@@ -113,18 +213,19 @@ def keys(path: str | os.PathLike) -> list[str]:
         return list(_header(f, path)[0])
 
 
-def _read(f, path: Path, name: str, info: dict, base: int) -> np.ndarray:
-    dtype = _FROM_ST.get(info["dtype"])
-    if dtype is None:
-        raise TraceError(f"tensor '{name}' in shard '{path}' has unknown dtype {info['dtype']}")
-    begin, end = info["data_offsets"]
-    shape = tuple(info["shape"])
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if count * dtype.itemsize != end - begin:
-        raise TraceError(f"tensor '{name}' in shard '{path}' has a size that does not match its shape")
-    f.seek(base + begin)
-    buf = f.read(end - begin)
-    return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+def check(path: str | os.PathLike) -> dict[str, Entry]:
+    """Validate a shard's header and layout without reading any tensor data."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        return _header(f, path)[0]
+
+
+def _read(f, path: Path, name: str, e: Entry, base: int) -> np.ndarray:
+    f.seek(base + e.begin)
+    buf = f.read(e.end - e.begin)
+    if len(buf) != e.end - e.begin:
+        raise TraceError(f"tensor '{name}' in shard '{path}' is cut short (file changed while read?); re-run the capture")
+    return np.frombuffer(buf, dtype=e.dtype.newbyteorder("<")).astype(e.dtype, copy=False).reshape(e.shape)
 
 
 def load_one(path: str | os.PathLike, name: str) -> np.ndarray:
