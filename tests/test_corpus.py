@@ -48,8 +48,9 @@ TIMEOUT = 300
 # training would add records of these kinds to some steps and not to others.
 CHAIN = ("batch", "input", "activation", "output", "loss", "grad")
 
-# (script, base arguments, the eval-only change, the training change, kinds the training
-# change may first show as at step 0)
+# Per script: its file, base arguments, --steps when not STEPS, a change to evaluation only,
+# a change to training, and the kinds that training change may first show as at step 0
+# ("init" where parameters before the first step get a kind of their own).
 SCRIPTS = {
     "gpt_compile": dict(
         file="gpt_compile.py",
