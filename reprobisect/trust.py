@@ -27,6 +27,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -58,7 +59,7 @@ def _key(create: bool) -> bytes | None:
         return None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_hex(32).encode())
