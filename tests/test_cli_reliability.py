@@ -431,6 +431,7 @@ def test_zoom_refuses_an_untrusted_trace_without_a_terminal(tmp_path, monkeypatc
     assert "was not recorded by this user on this machine" in line and "--trust-trace" in line
     assert "evil.py" in line  # says what it would have run
     assert not (tmp_path / "RAN").exists()
+    assert p.stdout == ""  # as for every zoom error (tests/test_compare.py::test_cli_zoom)
 
 
 def test_zoom_runs_an_untrusted_trace_with_trust_trace(tmp_path, monkeypatch):
