@@ -64,12 +64,12 @@ def _one_line(err: str) -> str:
 # --------------------------------------------------------------------------- output folders
 
 
-def test_capture_never_deletes_a_folder_that_merely_holds_a_manifest_json(tmp_path, capsys):
+def test_capture_never_deletes_a_folder_that_merely_holds_a_manifest_json(tmp_path, capsys, monkeypatch):
     """The data-loss bug: capture -o on a web project (manifest.json, README.md, src/app.js) emptied it."""
     (tmp_path / "train.py").write_text("print('no training here')\n")
     proj = tmp_path / "webapp"
     before = _project(proj)
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     assert main(["capture", "-o", str(proj), "--", "python", "train.py"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert "not a reprobisect trace" in line and "nothing was deleted" in line
@@ -120,10 +120,10 @@ def test_a_real_trace_is_still_replaced_whole_and_an_empty_folder_is_used(tmp_pa
         (["probe", "--check", "finite"], PROBE_EXIT_USAGE),
     ],
 )
-def test_every_dash_o_refuses_a_folder_it_did_not_write(tmp_path, capsys, args, code):
+def test_every_dash_o_refuses_a_folder_it_did_not_write(tmp_path, capsys, args, code, monkeypatch):
     proj = tmp_path / "webapp"
     before = _project(proj)
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     # the command would hang: the refusal must come before any probe runs
     t0 = time.monotonic()
     rc = main([*args, "-o", str(proj), *_hang(tmp_path)])
@@ -275,8 +275,8 @@ def test_permission_error_on_a_user_path_is_exit_2(tmp_path, monkeypatch, capsys
         ["probe", "--reference", "no/such/trace", "--", "python", "t.py"],
     ],
 )
-def test_probe_usage_errors_abort_git_bisect(tmp_path, args, capsys):
-    os.chdir(tmp_path)
+def test_probe_usage_errors_abort_git_bisect(tmp_path, args, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(args) == PROBE_EXIT_USAGE
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip()
@@ -341,8 +341,8 @@ def test_ordinary_commands_keep_2_for_usage_and_never_1(tmp_path, capsys):
         ["capture", "-o", "t.trace", "--timeout", "inf"],
     ],
 )
-def test_non_finite_or_out_of_range_numbers_are_refused_before_any_probe(tmp_path, capsys, args):
-    os.chdir(tmp_path)
+def test_non_finite_or_out_of_range_numbers_are_refused_before_any_probe(tmp_path, capsys, args, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     cmd = _hang(tmp_path)
     if args[0] == "runs":  # a real repository: before the fix, --atol nan was refused only after probing
         _git_repo(tmp_path, ["hang.py"])
@@ -373,8 +373,8 @@ def test_compare_refuses_nan_tolerances(tmp_path, capsys):
         ("probe:\n  timeout: nan\n", "--timeout must be a finite number"),
     ],
 )
-def test_config_file_numbers_are_validated_up_front(tmp_path, capsys, text, message):
-    os.chdir(tmp_path)
+def test_config_file_numbers_are_validated_up_front(tmp_path, capsys, text, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "probe.yaml").write_text(text)
     t0 = time.monotonic()
     rc = main(["repro", "--config", "probe.yaml", *_hang(tmp_path)])
