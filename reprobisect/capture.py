@@ -11,6 +11,7 @@ sealed into the trace's manifest.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,9 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {self.steps}")
-        if self.timeout is not None and self.timeout <= 0:
-            raise UsageError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+        # NaN compares False with everything: 'timeout <= 0' alone would take --timeout nan as no limit
+        if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise UsageError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_disk is not None and self.max_disk <= 0:
             raise UsageError(f"--max-disk must be a positive number of bytes, got {self.max_disk}")
 
@@ -130,8 +132,10 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     trace = Path(out)
     if not trace.is_absolute():
         trace = workdir / trace
-    if trace.exists() and (not trace.is_dir() or (any(trace.iterdir()) and not (trace / "manifest.json").is_file())):
-        raise UsageError(f"'{out}' exists and is not a trace folder; choose another -o path (nothing was deleted)")
+    from reprobisect.outdir import check_trace_target
+
+    # new, empty, or verifiably a reprobisect trace (its manifest parses as one), and writable
+    check_trace_target(trace)
     cmd = launch_command(argv, trace, config, workdir)
     result = run_in_dir(config.spec(argv, workdir), workdir, trace)
     return CaptureResult(

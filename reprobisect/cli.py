@@ -2,20 +2,52 @@
 
 Each subcommand lives in ``reprobisect.commands.<name>`` and is imported only when it is
 run (or listed with its help), so ``bisect --help`` stays fast and imports no framework.
-Errors from the library (``ReproError``) are caught here, once, and printed as one line.
+
+``main`` is the one error boundary: every exception ends as one line and a documented exit
+status, never a traceback that exits 1 (1 means "diverged / bad", and under
+``git bisect run`` it would blame the commit):
+
+- bad input or usage (``ReproError``, click's usage errors, an output path that cannot be
+  written): ``2``;
+- an internal error (anything else: a reprobisect bug): ``3``, one line saying so and
+  naming the log file the traceback was written to; ``--debug`` (or
+  ``REPROBISECT_DEBUG=1``) prints the traceback too;
+- ``bisect probe`` follows git bisect run's contract, where 2 would read as "bad": its
+  own usage errors exit ``128`` and its internal errors ``129``, both >= 128, which makes
+  git abort the bisection instead of blaming commits;
+- interrupted: ``130``.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import errno
 import importlib
+import os
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 import click
 
 from reprobisect import __version__
 from reprobisect.errors import ReproError
 
-__all__ = ["cli", "main", "COMMANDS"]
+__all__ = ["cli", "main", "COMMANDS", "EXIT_USAGE", "EXIT_INTERNAL", "PROBE_EXIT_USAGE", "PROBE_EXIT_INTERNAL"]
+
+EXIT_USAGE = 2
+"""Bad input or usage, for every command but ``probe``."""
+EXIT_INTERNAL = 3
+"""An internal error (a reprobisect bug), for every command but ``probe``."""
+PROBE_EXIT_USAGE = 128
+"""``bisect probe``'s bad input: >= 128 makes ``git bisect run`` abort (2 would mean "bad")."""
+PROBE_EXIT_INTERNAL = 129
+"""``bisect probe``'s internal error: aborts ``git bisect run`` too."""
+EXIT_INTERRUPTED = 130
+
+# OSErrors that are the user's environment, not a bug: a path that cannot be written or read
+_USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR}
 
 # name -> (module, one-line help shown in `bisect --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -73,25 +105,112 @@ def _fail(message: str, code: int = 2) -> int:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="reprobisect")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Print the traceback of an internal error (also: REPROBISECT_DEBUG=1).")
+def cli(debug: bool) -> None:
     """reprobisect: where do two training runs first stop agreeing, and why?"""
 
 
+def _subcommand(args: list[str]) -> str | None:
+    """The subcommand ``args`` name (the first word that is not a global option)."""
+    for a in args:
+        if a == "--":
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
+
+
+def _debug(args: list[str]) -> bool:
+    if os.environ.get("REPROBISECT_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    for a in args:
+        if a == "--debug":
+            return True
+        if not a.startswith("-"):
+            return False
+    return False
+
+
+def _log_dir() -> Path:
+    base = os.environ.get("REPROBISECT_CACHE_DIR")
+    if base:
+        return Path(base) / "logs"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "reprobisect" / "logs"
+
+
+def _write_traceback(exc: BaseException, args: list[str]) -> str | None:
+    """Write ``exc``'s traceback to a log file (cache dir, else the temp dir); its path or None."""
+    text = (
+        f"reprobisect {__version__} internal error, {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
+        f"python {sys.version.split()[0]}; argv: bisect {' '.join(args)}\n\n"
+        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    )
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for folder in (_log_dir(), Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f"reprobisect-error-{stamp}-", suffix=".log", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            return name
+        except OSError:
+            continue
+    return None
+
+
+def _internal(exc: BaseException, args: list[str], code: int) -> int:
+    debug = _debug(args)
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    log = _write_traceback(exc, args)
+    what = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
+    where = f"traceback written to {log}" if log else "the traceback could not be written to a log file"
+    hint = "" if debug else "; run with --debug to print it"
+    return _fail(f"internal error in reprobisect (a bug, not your input; please report it): {what}; {where}{hint}", code)
+
+
+def _os_error(e: OSError) -> str:
+    names = [n for n in (e.filename, e.filename2) if n is not None]
+    what = f"'{names[0]}'" if names else "a file"
+    return f"cannot use {what}: {e.strerror or e}; check the path and its permissions"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console scripts ``bisect`` and ``reprobisect``."""
+    """Entry point of the console scripts ``bisect`` and ``reprobisect``: the one error boundary.
+
+    Every outcome is a documented exit status (see the module docstring and README's exit
+    codes); no exception escapes as a traceback.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    probe = _subcommand(args) == "probe"
+    usage = PROBE_EXIT_USAGE if probe else EXIT_USAGE
+    internal = PROBE_EXIT_INTERNAL if probe else EXIT_INTERNAL
     try:
-        rv = cli.main(args=argv, prog_name="bisect", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="bisect", standalone_mode=False)
     except ReproError as e:
-        return _fail(str(e), e.exit_code)
+        code = e.exit_code
+        return _fail(str(e), usage if (probe or code == EXIT_USAGE) else code)
     except click.exceptions.Exit as e:
-        return e.exit_code
+        code = e.exit_code
+        return usage if (probe and code == EXIT_USAGE) else code
     except click.ClickException as e:
         e.show()
-        return 2
+        return usage
     except click.exceptions.Abort:
-        return _fail("aborted", 130)
+        return _fail("aborted", EXIT_INTERRUPTED)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        return EXIT_INTERRUPTED  # the reader of stdout went away (e.g. '| head'); nothing to say
+    except OSError as e:
+        if e.errno in _USER_OS_ERRORS:
+            return _fail(_os_error(e), usage)
+        return _internal(e, args, internal)
+    except Exception as e:  # noqa: BLE001 -- the one boundary: a bug is exit 3, never 1
+        return _internal(e, args, internal)
+    if probe and rv == EXIT_USAGE:
+        return usage
     return rv if isinstance(rv, int) else 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -29,7 +30,7 @@ import click
 
 from reprobisect.errors import UsageError
 
-__all__ = ["ProbeOptions", "probe_options", "link_option", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
+__all__ = ["ProbeOptions", "probe_options", "link_option", "check_number", "FiniteFloat", "POSITIVE_SECONDS", "NON_NEGATIVE", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
 
 TOLERANCES = ("bitwise", "default")
 
@@ -76,12 +77,15 @@ class ProbeOptions:
     configs, caches) symlinked into every probe's worktree (``--link``, config ``link: [..]``)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise UsageError(f"--steps must be at least 1 (got {self.steps})")
-        if self.jobs < 1:
-            raise UsageError(f"--jobs must be at least 1 (got {self.jobs})")
-        if self.timeout is not None and self.timeout <= 0:
-            raise UsageError(f"--timeout must be positive seconds (got {self.timeout})")
+        # every number is checked here, before any probe runs, whether it came from a flag
+        # or from --config (YAML reads '.nan' and '.inf' as floats): NaN compares False with
+        # everything, so 'timeout <= 0' alone would let --timeout nan through as "no limit"
+        check_number("--steps", self.steps, minimum=1, integer=True)
+        check_number("--jobs", self.jobs, minimum=1, integer=True)
+        if self.timeout is not None:
+            check_number("--timeout", self.timeout, minimum=0, open_min=True, unit=" seconds")
+        check_number("--gpus-per-probe", self.gpus_per_probe, minimum=0)
+        check_number("--cpus-per-probe", self.cpus_per_probe, minimum=0)
         if self.executor not in ("local", "ray"):
             raise UsageError(f"unknown executor '{self.executor}'; use --executor local or --executor ray")
         if self.tolerance is not None and self.tolerance not in TOLERANCES:
@@ -90,8 +94,8 @@ class ProbeOptions:
             raise UsageError(f"unknown placement '{self.placement}'; use --placement pack or --placement spread")
         for n in ("atol", "rtol"):
             v = getattr(self, n)
-            if v is not None and v < 0:
-                raise UsageError(f"--{n} must be >= 0 (got {v})")
+            if v is not None:
+                check_number(f"--{n}", v, minimum=0)
 
     def tolerance_spec(self, default: str = "bitwise") -> str | dict[str, float]:
         """The tolerance to hand to compare: 'bitwise', 'default', or {'atol', 'rtol'}."""
@@ -110,8 +114,16 @@ class ProbeOptions:
         return kw
 
     def make_executor(self):
-        """The executor these options ask for (a context manager: ``with ... as ex``)."""
+        """The executor these options ask for (a context manager: ``with ... as ex``).
+
+        ``out``, when given, must be new, empty or reprobisect's own (``reprobisect.outdir``).
+        """
         from reprobisect.executors import make_executor
+
+        if self.out is not None:
+            from reprobisect.outdir import prepare_output_dir
+
+            prepare_output_dir(self.out)
 
         return make_executor(self.executor, **self.executor_kwargs())
 
@@ -125,6 +137,45 @@ class ProbeOptions:
 
 
 _FIELDS = {f.name for f in fields(ProbeOptions)}
+
+
+def check_number(name: str, value: Any, *, minimum: float | None = None, open_min: bool = False,
+                 maximum: float | None = None, integer: bool = False, unit: str = "") -> None:
+    """Raise one UsageError unless ``value`` is a finite number in range (NaN and inf never are)."""
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise UsageError(f"{name} takes {'a whole number' if integer else 'a number'} (got {value!r})")
+    if not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number (got {value})")
+    if minimum is not None and (value <= minimum if open_min else value < minimum):
+        bound = f"greater than {minimum:g}" if open_min else (f"at least {minimum:g}" if minimum else ">= 0")
+        raise UsageError(f"{name} must be {bound}{unit} (got {value:g})")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{name} must be at most {maximum:g}{unit} (got {value:g})")
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that refuses NaN and infinity when parsed (click's FLOAT takes 'nan')."""
+
+    name = "float"
+
+    def __init__(self, minimum: float | None = None, open_min: bool = False) -> None:
+        self.minimum, self.open_min = minimum, open_min
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.minimum is not None and (v <= self.minimum if self.open_min else v < self.minimum):
+            self.fail(f"{value} must be {'>' if self.open_min else '>='} {self.minimum:g}", param, ctx)
+        return v
+
+
+POSITIVE_SECONDS = FiniteFloat(0, open_min=True)
+NON_NEGATIVE = FiniteFloat(0)
 
 
 def parse_steps(value: Any, what: str = "--full-steps") -> tuple[int, ...]:
@@ -194,7 +245,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
                 raise ValueError
             return tuple(items)
         if name in ("steps", "jobs"):
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
         if name in ("timeout", "atol", "rtol", "gpus_per_probe", "cpus_per_probe"):
@@ -255,24 +306,29 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
         if "link" in kwargs:  # commands that make worktrees add --link (link_option)
             cli["link"] = kwargs.pop("link")
         config = kwargs.pop("config")
-        kwargs["options"] = build_options(cli, config)
+        options = build_options(cli, config)
+        if options.out is not None:  # before any probe runs: refuse a folder that is not ours
+            from reprobisect.outdir import prepare_output_dir
+
+            prepare_output_dir(options.out)
+        kwargs["options"] = options
         return f(*args, **kwargs)
 
     decorators = [
         click.option("--steps", type=int, default=None, help="Optimizer steps each probe records [default: 3]."),
-        click.option("--timeout", type=float, default=None, help="Seconds before a probe is killed (whole process group)."),
+        click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before a probe is killed (whole process group)."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Where probes run [default: local]."),
         click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 1]."),
         click.option("--tolerance", type=click.Choice(list(TOLERANCES)), default=None, help="Tolerance policy for comparisons."),
-        click.option("--atol", type=float, default=None, help="Explicit absolute tolerance."),
-        click.option("--rtol", type=float, default=None, help="Explicit relative tolerance."),
+        click.option("--atol", type=NON_NEGATIVE, default=None, help="Explicit absolute tolerance."),
+        click.option("--rtol", type=NON_NEGATIVE, default=None, help="Explicit relative tolerance."),
         click.option("--keep", is_flag=True, default=None, help="Keep the probes' traces."),
         click.option("-o", "--out", type=click.Path(file_okay=False), default=None, help="Folder for the traces (kept)."),
         click.option("--full-steps", default=None, help="Steps whose full tensors are kept, e.g. 0,1."),
         click.option("-q", "--quiet", is_flag=True, default=None, help="No progress display."),
         click.option("--address", "ray_address", default=None, help="Ray cluster address (--executor ray)."),
-        click.option("--gpus-per-probe", type=float, default=None, help="GPUs per probe (--executor ray)."),
-        click.option("--cpus-per-probe", type=float, default=None, help="CPUs per probe (--executor ray)."),
+        click.option("--gpus-per-probe", type=NON_NEGATIVE, default=None, help="GPUs per probe (--executor ray)."),
+        click.option("--cpus-per-probe", type=NON_NEGATIVE, default=None, help="CPUs per probe (--executor ray)."),
         click.option("--placement", type=click.Choice(["pack", "spread"]), default=None,
                      help="Paired probes on Ray: one node (pack) or two (spread) [default: pack]."),
         click.option("--config", type=click.Path(dir_okay=False), default=None, help="YAML/JSON file giving any of these options."),

@@ -17,6 +17,12 @@ not repeated: when the two sides differ by one, the caller (``bisect envs``) pas
 ``ZoomSide.env``; when they differ by commit, ``ZoomSide.cwd`` points at that checkout.
 The re-runs go through ``probe.run_in_dir`` (own process group, timeout, outcome).
 
+Trust: re-running what a manifest records is running code named by the trace. A trace
+this user did not record on this machine (``reprobisect.trust``: the manifest's HMAC does
+not verify with this user's key) is re-run only with ``trust=True`` or when ``confirm``
+(shown the exact command, folder and variables) says yes; otherwise ``UntrustedTraceError``
+and nothing runs.
+
 Core module: imports no ML framework; the zoom traces are read like any other trace.
 """
 
@@ -27,12 +33,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.trace import Record, Trace, read_trace
 
-__all__ = ["ZoomResult", "ZoomSide", "run_zoom", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
+__all__ = ["ZoomResult", "ZoomSide", "run_zoom", "UntrustedTraceError", "untrusted_reruns", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
 
 SEPARATOR = "::"  # same as reprobisect.runners.zoom_torch.SEPARATOR (kept framework-free here)
 VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run", "no_ops")
@@ -253,6 +259,25 @@ def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, t
     return spec, Path(cwd)
 
 
+class UntrustedTraceError(UsageError):
+    """A zoom would re-run a command taken from a trace this user did not record here."""
+
+
+def _describe(trace: Trace, spec: Any) -> str:
+    import shlex
+
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
+    return (f"trace '{trace.path}' was not recorded by this user on this machine; zoom would run: "
+            f"{(env + ' ') if env else ''}{shlex.join(spec.argv)}  (in '{spec.workdir}')")
+
+
+def untrusted_reruns(traces: list[Trace], specs: list[Any]) -> list[str]:
+    """One line per re-run whose trace is not trusted here (empty: all were recorded here)."""
+    from reprobisect.trust import is_trusted
+
+    return [_describe(t, s) for t, s in zip(traces, specs) if not is_trusted(t)]
+
+
 def run_zoom(
     a: Trace | str,
     b: Trace | str,
@@ -264,6 +289,8 @@ def run_zoom(
     side_b: ZoomSide | None = None,
     timeout: float | None = 600.0,
     out_dir: str | None = None,
+    trust: bool = False,
+    confirm: Callable[[str], bool] | None = None,
 ) -> ZoomResult:
     """Re-run both sides with the zoom at the divergence and name the first differing op.
 
@@ -271,6 +298,10 @@ def run_zoom(
     ``step``. The zoom traces go to ``out_dir`` (kept, paths in the result) or to a
     temporary folder that is removed afterwards. Raises ``ProbeError`` when a re-run
     does not produce a trace.
+
+    A side whose trace was not recorded by this user here (``reprobisect.trust``) is
+    re-run only with ``trust=True`` or when ``confirm(text)`` returns True (``text``
+    names what would run); otherwise ``UntrustedTraceError`` is raised before anything runs.
     """
     from reprobisect.probe import run_in_dir
 
@@ -286,6 +317,15 @@ def run_zoom(
         _side_spec(ta, side_a or ZoomSide(), module, step, "zoom-a", timeout),
         _side_spec(tb, side_b or ZoomSide(), module, step, "zoom-b", timeout),
     ]
+    if not trust:
+        lines = untrusted_reruns([ta, tb], [sp for sp, _ in specs])
+        if lines:
+            text = "\n".join(lines)
+            if confirm is None or not confirm(text):
+                raise UntrustedTraceError(
+                    lines[0] + ("" if len(lines) == 1 else f" (and {len(lines) - 1} more)")
+                    + "; not run: pass --trust-trace (trust=True) if you trust this trace's command"
+                )
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="reprobisect-zoom-")

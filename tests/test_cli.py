@@ -99,3 +99,10 @@ def test_library_error_is_one_line_without_traceback(tmp_path):
                        timeout=60)
     assert r.returncode == 2
     assert r.stderr == f"error: no trace at '{tmp_path / 'a'}' (no such file or folder); check the path\n"
+
+
+def test_global_debug_flag_is_documented_and_accepted(capsys):
+    assert main(["--help"]) == 0
+    assert "--debug" in capsys.readouterr().out
+    assert main(["--debug", "compare", "--help"]) == 0
+    assert "--trust-trace" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import json
 
 import click
 
-from reprobisect.options import parse_steps
+from reprobisect.options import POSITIVE_SECONDS, parse_steps
 
 __all__ = ["command"]
 
@@ -25,7 +25,7 @@ __all__ = ["command"]
 @click.option("--full-steps", default="", help="Steps whose full tensors are kept, e.g. 0,1.")
 @click.option("--state-steps", default="", help="Steps after which complete state is captured, e.g. 2.")
 @click.option("--seed", default=None, help="The seed the command uses (recorded in the manifest).")
-@click.option("--timeout", type=float, default=None, help="Seconds before the command is killed.")
+@click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before the command is killed.")
 @click.option("--stop-on-nonfinite", is_flag=True, help="End the run at the first NaN/Inf.")
 @click.option("--max-disk", type=int, default=None, help="Bound in bytes for full tensors and state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

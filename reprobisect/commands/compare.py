@@ -7,10 +7,12 @@ Parses the tolerance options, calls ``reprobisect.compare.compare_paths`` and re
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
 from reprobisect.errors import UsageError
+from reprobisect.options import NON_NEGATIVE
 
 __all__ = ["command"]
 
@@ -21,19 +23,25 @@ __all__ = ["command"]
 @click.option("--tolerance", "mode", type=click.Choice(["bitwise", "default"]), default=None,
               help="bitwise: bits must match; default: per-dtype torch.testing.assert_close figures. "
                    "Unset: bitwise when both traces share device and environment, else default.")
-@click.option("--atol", type=float, default=None, help="Explicit absolute tolerance for floating tensors.")
-@click.option("--rtol", type=float, default=None, help="Explicit relative tolerance (relative to B).")
+@click.option("--atol", type=NON_NEGATIVE, default=None, help="Explicit absolute tolerance for floating tensors.")
+@click.option("--rtol", type=NON_NEGATIVE, default=None, help="Explicit relative tolerance (relative to B).")
 @click.option("--override", "overrides", multiple=True, metavar="GLOB=ATOL,RTOL",
               help="Per-tensor rule on 'kind/name', e.g. 'grad/*=1e-5,1e-4' or 'param/*=bitwise'. Repeatable; first match wins.")
 @click.option("--allow-incomplete", is_flag=True, help="Read incomplete or failed traces up to their last whole step.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
+@click.option("--trust-trace", is_flag=True,
+              help="With --zoom: re-run the commands recorded in traces this machine did not record, without asking.")
 def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | None, overrides: tuple[str, ...],
-            allow_incomplete: bool, as_json: bool, zoom: bool) -> None:
+            allow_incomplete: bool, as_json: bool, zoom: bool, trust_trace: bool) -> None:
     """Name the first step, stage and tensor where traces A and B disagree.
 
     Exit status: 0 when they agree (identical, or within the tolerance), 1 when they
     diverge, 2 on bad input (a missing, truncated or foreign trace, a bad option).
+
+    --zoom re-runs the commands the traces recorded. A trace that this user did not
+    record on this machine (someone else's) is untrusted: zoom shows what it would run
+    and asks, or, without a terminal, refuses unless --trust-trace is given.
     """
     from reprobisect.compare import Tolerance, compare_paths
 
@@ -47,7 +55,7 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
 
     zoomed = None
     if zoom and not result and result.first is not None:
-        zoomed = _zoom(a, b, result)  # zooms into the origin module, else the first divergence
+        zoomed = _zoom(a, b, result, trust_trace)  # zooms into the origin module, else the first divergence
     if as_json:
         data = result.to_json()
         if zoomed is not None:
@@ -60,7 +68,12 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
     raise click.exceptions.Exit(0 if result else 1)
 
 
-def _zoom(a: str, b: str, divergence):
+def _confirm(text: str) -> bool:
+    click.echo(text, err=True)
+    return click.confirm("run these commands?", default=False, err=True)
+
+
+def _zoom(a: str, b: str, divergence, trust: bool = False):
     try:
         from reprobisect.zoom import run_zoom
     except ImportError:
@@ -68,6 +81,8 @@ def _zoom(a: str, b: str, divergence):
     if run_zoom is None:
         raise UsageError("op-level zoom is not available in this build")
     try:
-        return run_zoom(a, b, divergence)
+        # without a terminal nobody can be asked: an untrusted trace is refused unless --trust-trace
+        confirm = _confirm if sys.stdin is not None and sys.stdin.isatty() else None
+        return run_zoom(a, b, divergence, trust=trust, confirm=confirm)
     except NotImplementedError:
         raise UsageError("op-level zoom is not available in this build") from None

@@ -16,7 +16,7 @@ __all__ = ["command"]
 @click.command(name="demo")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Build the demo repository here (kept) instead of a temporary folder.")
-@click.option("-j", "--jobs", type=int, default=2, show_default=True, help="Probes run at once.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Probes run at once.")
 @click.option("--keep", is_flag=True, help="Keep the temporary repository.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")

@@ -1,7 +1,10 @@
 """``bisect probe``: probe the current checkout once, for ``git bisect run``.
 
-Exit 0 good, 1 bad, 125 skip (git bisect's convention); 2 for bad input. The probe runs
-in place: git bisect has already checked the commit out, so no worktree is made.
+Exit 0 good, 1 bad, 125 skip (git bisect's convention: a timeout or infrastructure
+failure skips). Its own errors must stop the bisection, not blame the commit, so bad input
+exits 128 and an internal error 129 (``git bisect run`` aborts on >= 128; it would read 2
+as "bad"); ``reprobisect.cli.main`` maps them. The probe runs in place: git bisect has
+already checked the commit out, so no worktree is made.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ __all__ = ["command"]
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, reference: str | None, check: str | None, as_json: bool, cmd: tuple[str, ...]) -> int:
-    """Probe the current checkout once: exit 0 good, 1 bad, 125 skip."""
+    """Probe the current checkout once: exit 0 good, 1 bad, 125 skip.
+
+    Bad input exits 128 and an internal error 129: git bisect run stops instead of
+    blaming the commit.
+    """
     from reprobisect.repro import probe_checkout
 
     report = probe_checkout(split_command(cmd), options, check=check, reference=reference)

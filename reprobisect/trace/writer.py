@@ -88,11 +88,14 @@ def _file_digest(path: Path) -> str:
 
 
 def _clear_previous(path: Path) -> None:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return
-    if not path.is_dir():
-        raise TraceError(f"'{path}' exists and is not a trace folder; choose another output path")
-    if any(path.iterdir()) and not (path / "manifest.json").is_file():
+    if path.is_symlink() or not path.is_dir():
+        raise TraceError(f"'{path}' exists and is not a trace folder; choose another output path (nothing was deleted)")
+    from reprobisect.outdir import is_trace_dir
+
+    # a file merely named manifest.json is not a trace: only a manifest that parses as one
+    if any(path.iterdir()) and not is_trace_dir(path):
         raise TraceError(
             f"'{path}' is a non-empty folder that is not a reprobisect trace; "
             "choose another output path (nothing was deleted)"
@@ -135,7 +138,7 @@ class TraceWriter:
             recorder={"name": "reprobisect", "version": __version__, **dict(recorder or {})},
             extra=dict(extra or {}),
         )
-        write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
+        self._write_manifest()
         fsync_dir(self.path.parent)
         self._steps_file = open(self.path / "steps.jsonl", "w")
         self._files: dict[str, dict[str, Any]] = {}
@@ -258,9 +261,19 @@ class TraceWriter:
         for folder in (self.path / "tensors", self.path / "state"):
             if folder.is_dir():
                 fsync_dir(folder)
-        write_json_atomic(self.path / "manifest.json", self._manifest.to_json())
+        self._write_manifest()
         fsync_dir(self.path)
         self._closed = True
+
+    def _write_manifest(self) -> None:
+        """Write the manifest, signed for this user (``reprobisect.trust``: what ``zoom`` may re-run)."""
+        from reprobisect.trust import TRUST_FIELD, sign
+
+        data = json_safe(self._manifest.to_json())
+        sig = sign(data)
+        if sig is not None:
+            data["recorder"] = {**(data.get("recorder") or {}), TRUST_FIELD: sig}
+        write_json_atomic(self.path / "manifest.json", data)
 
     def __enter__(self) -> "TraceWriter":
         return self
