@@ -79,8 +79,11 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console scripts ``bisect`` and ``reprobisect``."""
+    from reprobisect import interrupt
+
     try:
-        rv = cli.main(args=argv, prog_name="bisect", standalone_mode=False)
+        with interrupt.signals_as_interrupt():  # SIGTERM/SIGHUP clean up like Ctrl-C
+            rv = cli.main(args=argv, prog_name="bisect", standalone_mode=False)
     except ReproError as e:
         return _fail(str(e), e.exit_code)
     except click.exceptions.Exit as e:
@@ -88,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return 2
-    except click.exceptions.Abort:
-        return _fail("aborted", 130)
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+    except click.exceptions.Abort as e:
+        return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e))
+    except KeyboardInterrupt as e:
+        return _fail(str(e) or "interrupted", interrupt.exit_code(e))
     return rv if isinstance(rv, int) else 0
 
 

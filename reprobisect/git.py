@@ -64,6 +64,7 @@ __all__ = [
     "WorktreePool",
     "checkout",
     "session_lock",
+    "prune_stale_worktrees",
     "archive",
     "extract",
     "DvcResult",
@@ -322,6 +323,34 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove worktree folders of dead sessions under ``cache_dir`` (default
+    ``default_cache_dir(repo)``), then ``git worktree prune``; returns what was removed.
+
+    Only folders named ``<this host>-<pid>-<token>`` (a ``WorktreePool``'s) whose pid is
+    dead are removed, and not while a live process still works in one (a probe orphaned
+    by a SIGKILL'd session: its folder goes at a later start, once that probe has ended).
+    Runs when a pool starts and when ``bisect runs`` starts (its probes may all be cached).
+    """
+    from reprobisect.interrupt import in_use
+
+    info = _info(repo)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(info)
+    removed: list[Path] = []
+    host = socket.gethostname()
+    for d in cache.iterdir() if cache.is_dir() else ():
+        h, _, _token = d.name.rpartition("-")  # host-pid-token
+        h, _, pid = h.rpartition("-")
+        if h != host or not pid.isdigit() or _pid_alive(int(pid)) or in_use(d):
+            continue
+        for wt in sorted(d.iterdir()) if d.is_dir() else ():
+            _git(["worktree", "remove", "--force", str(wt)], info.root, check=False)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    _git(["worktree", "prune"], info.root, check=False)
+    return removed
+
+
 class WorktreePool:
     """Detached worktrees for probes, created on demand and reused across commits.
 
@@ -372,21 +401,8 @@ class WorktreePool:
         self.close()
 
     def prune_stale(self) -> list[Path]:
-        """Remove folders left by pools whose process is gone, then ``git worktree prune``."""
-        removed: list[Path] = []
-        host = socket.gethostname()
-        for d in self.cache_dir.iterdir() if self.cache_dir.is_dir() else ():
-            name = d.name
-            h, _, rest = name.rpartition("-")  # host-pid-token
-            h, _, pid = h.rpartition("-")
-            if h != host or not pid.isdigit() or _pid_alive(int(pid)):
-                continue
-            for wt in sorted(d.iterdir()) if d.is_dir() else ():
-                _git(["worktree", "remove", "--force", str(wt)], self.repo.root, check=False)
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-        _git(["worktree", "prune"], self.repo.root, check=False)
-        return removed
+        """Remove folders left by pools whose process is gone (``prune_stale_worktrees``)."""
+        return prune_stale_worktrees(self.repo, self.cache_dir)
 
     def close(self) -> None:
         """Remove every worktree of this pool and its folder (idempotent)."""

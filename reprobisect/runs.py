@@ -490,6 +490,12 @@ def find_first_bad(
     pool = cf.ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="runs")
     try:
         with lock_cm:
+            # leftovers of SIGKILL'd sessions (worktrees of dead pids): cleaned on start,
+            # also when every probe of this session comes from the cache
+            try:
+                _g.prune_stale_worktrees(info)
+            except (OSError, ReproError):
+                pass
             # the log is only read or replaced while this session holds the repository's lock
             if cfg.resume:
                 log = SessionLog.load(log_path)
