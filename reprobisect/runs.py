@@ -383,6 +383,44 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     return data, text
 
 
+_HEADER_KEYS = ("good", "bad", "command", "subdir", "check", "steps", "first_parent", "terms", "repeat", "points")
+
+
+def _load_for_resume(log_path: Path, header: dict[str, Any], points: list[str], terms: tuple[str, ...],
+                     parents: Any) -> SessionLog:
+    """The session log to resume, checked whole before anything runs: readable
+    (``SessionLog.load``), this search's (``_check_resumable``) and replayable. Every
+    problem is one ``UsageError`` that says to start afresh."""
+    from reprobisect.search import Bisection
+
+    log = SessionLog.load(log_path)
+    _check_resumable(log, header, points)
+    try:
+        Bisection.replay(points, log.search_rounds(), terms=terms, parents=parents)  # type: ignore[arg-type]
+    except ReproError as e:
+        raise UsageError(f"the session log {log_path} cannot be replayed ({e}); "
+                         "start afresh without --resume (or delete the log)") from None
+    return log
+
+
+def _check_resumable(log: SessionLog, header: dict[str, Any], points: list[str]) -> None:
+    """Refuse (one line) a log that is not this search's: another search's header, or
+    probes of commits that are not in this range (the history was rewritten)."""
+    differ = [k for k in _HEADER_KEYS if k in header and log.header.get(k) != header[k]]
+    if differ:
+        raise UsageError(
+            f"the session log {log.path} is for another search (its {', '.join(differ)} differ from this one's); "
+            "start afresh without --resume (or delete the log)"
+        )
+    on_axis = set(points)
+    for e in log.events:
+        if e.point not in on_axis and e.role in ("endpoint", "search"):
+            raise UsageError(
+                f"the session log {log.path} names commit {e.point[:12]}, which is not in this range "
+                "(the history changed?); start afresh without --resume (or delete the log)"
+            )
+
+
 def _unfinished(log_path: Path) -> int:
     """Probes in an earlier log at ``log_path`` that never reached its answer (0: none)."""
     try:
@@ -471,7 +509,7 @@ def find_first_bad(
         "points": len(points), "repo": str(top),
     }
     if cfg.resume:  # fail early, before any executor starts; loaded again under the lock
-        SessionLog.load(log_path)
+        _load_for_resume(log_path, header, points, terms, parents)
     cache = ResultCache(cache_dir / "cache")
 
     own_executor = executor is None
@@ -498,9 +536,7 @@ def find_first_bad(
                 pass
             # the log is only read or replaced while this session holds the repository's lock
             if cfg.resume:
-                log = SessionLog.load(log_path)
-                if log.header.get("good") != good or log.header.get("bad") != bad:
-                    raise UsageError(f"the session log {log_path} is for another search; run without --resume")
+                log = _load_for_resume(log_path, header, points, terms, parents)
             else:
                 replaced = _unfinished(log_path)
                 log = SessionLog.create(log_path, header)
@@ -511,9 +547,9 @@ def find_first_bad(
                               "--resume continues one instead (its verdicts stay cached)")
             logged = {(e.role, e.point): e for e in log.events}
 
-            def record(j: _Judged, role: str, verdict: str) -> None:
+            def record(j: _Judged, role: str, verdict: str, rnd: int | None = None) -> None:
                 ev = SessionEvent(point=j.commit, verdict=verdict, reason=j.reason, outcome=j.outcome,
-                                  attempts=max(1, j.runs), cached=j.cached, wall_s=j.wall_s, role=role)
+                                  attempts=max(1, j.runs), cached=j.cached, wall_s=j.wall_s, role=role, round=rnd)
                 log.append(ev)
                 if on_event is not None:
                     on_event(ev)
@@ -558,7 +594,11 @@ def find_first_bad(
 
             # ---- the search
             if cfg.resume:
-                bis = Bisection.replay(points, log.search_events(), terms=terms, parents=parents)  # type: ignore[arg-type]
+                try:
+                    bis = Bisection.replay(points, log.search_rounds(), terms=terms, parents=parents)  # type: ignore[arg-type]
+                except ReproError as e:
+                    raise UsageError(f"the session log {log_path} cannot be replayed: {e}; "
+                                     "start afresh without --resume (or delete the log)") from None
                 cached += len(log.search_events())
                 for e in log.events:
                     if e.role == "search":
@@ -594,7 +634,8 @@ def find_first_bad(
                     reasons[p] = j.reason
                     if v == "skip":
                         skipped[p] = j.reason
-                    record(j, "search", v)
+                    rnd = bis.log[-1].get("round") if bis.log and bis.log[-1].get("point") == p else None
+                    record(j, "search", v, rnd if isinstance(rnd, int) else None)
                     progress.note(_clip(f"  {_short(p)}  {terms[0] if v == 'good' else terms[1] if v == 'bad' else 'skip'}  {j.reason}", 200))
                 for p in bis.obsolete():
                     bis.cancel(p)
