@@ -495,6 +495,7 @@ def session_lock(
     timeout: float = 30.0,
     on_wait: Callable[[str], None] | None = None,
     what: str = "",
+    option: str | None = None,
 ) -> Iterator[Path]:
     """Hold the repository's session lock for the duration of the block.
 
@@ -503,7 +504,8 @@ def session_lock(
     and a killed session releases it (the kernel drops the lock with the process). A
     second session calls ``on_wait`` once with a message naming the holder, waits up to
     ``timeout`` seconds (0: fail at once), then raises ``UsageError`` saying who holds it.
-    Yields the lock file's path. ``what`` describes this session for the next waiter.
+    Yields the lock file's path. ``what`` describes this session for the next waiter;
+    ``option`` is the command-line option that sets ``timeout`` (named in that error).
     """
     info = _info(repo)
     path = info.common_dir / "reprobisect" / "session.lock"
@@ -524,9 +526,10 @@ def session_lock(
                     raise
             holder = _read_holder(path)
             if time.monotonic() >= deadline:
+                how = f"with {option} SECONDS" if option else "(session_lock's timeout)"
                 raise UsageError(
                     f"another reprobisect session holds the lock on {info.root}{holder}; wait for it to finish "
-                    f"(or give a longer lock timeout than {timeout:g} s)"
+                    f"(or give a longer lock timeout than {timeout:g} s {how})"
                 )
             if not told and on_wait is not None:
                 on_wait(f"waiting for another reprobisect session on {info.root}{holder}")
