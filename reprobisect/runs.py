@@ -861,7 +861,7 @@ def render_result(r: RunsResult) -> str:
         lines.append(f"searched --good {_named(r.range_good, r.good_rev)} .. --bad {_named(r.range_bad, r.bad_rev)}")
     rounds = f"{r.rounds} rounds"
     if r.resumed:
-        rounds += f" (resumed: {r.replayed} verdicts replayed from the session log)"
+        rounds += f" (resumed: {r.replayed} replayed from the session log)"
     recheck = "disagreed (inconclusive)" if r.recheck.startswith("disagreed") else r.recheck
     lines.append(
         f"{r.probes} commits judged of {r.range_size} in range, {rounds}, {r.runs} probe runs"

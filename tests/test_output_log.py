@@ -110,3 +110,24 @@ def test_searches_keep_the_output_in_the_log_not_on_the_terminal(tmp_path):
     assert "hello from the script" not in r.stdout + r.stderr
     logs = sorted((tmp_path / "traces").glob(f"*/{OUTPUT_LOG}"))
     assert len(logs) == 2 and all("hello from the script" in p.read_text() for p in logs)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_runs_shows_the_tail_of_a_crashed_probe(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q", "-b", "main")
+    for i, text in enumerate([TRAIN, TRAIN.replace("for _ in", "print('about to crash', flush=True)\nraise SystemExit(3)\nfor _ in"),
+                              TRAIN.replace("for _ in", "raise SystemExit(3)\nfor _ in")]):
+        (root / "train.py").write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", f"c{i}")
+    r = _bisect("runs", "--check", "finite", "--good", "HEAD~2", "--bad", "HEAD", "--", "python", "train.py", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "| about to crash" in r.stderr, r.stderr  # the crashed search probe's last output
+    assert "hello from the script" not in r.stdout  # never on stdout: the answer is
