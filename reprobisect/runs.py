@@ -335,7 +335,9 @@ class _Prober:
                 results = list(rp.map(lambda _: self._classify_one(commit, full_steps), range(n)))
         verdicts = [r[0] for r in results]
         tested = [v for v in verdicts if v != "skip"]
-        places = sorted({r[3] for r in results if r[0] == "bad" and r[3]})
+        # for 'match', where a commit diverges from the reference is a fact about its code;
+        # for 'repro', a bad verdict *is* nondeterminism, whose place may move
+        places = sorted({r[3] for r in results if r[0] == "bad" and r[3]}) if self.cfg.check == "match" else []
         if not tested:
             verdict, reason, res, place = results[0]
         elif len(set(tested)) > 1:
@@ -748,7 +750,8 @@ def find_first_bad(
                 for c, j in again.items():
                     record(j, "recheck", as_term(j.verdict))
                 vp, vf = as_term(again[parent].verdict), as_term(again[fb].verdict)
-                moved = _moved(fb, [("the search", places.get(fb)), ("the re-check", again[fb].place)])
+                moved = _moved(fb, [("the search", places.get(fb)), ("the re-check", again[fb].place)]) \
+                    if cfg.check == "match" else ""
                 if vp == "good" and vf == "bad" and moved:
                     recheck = moved
                 elif vp == "good" and vf == "bad":
