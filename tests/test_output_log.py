@@ -63,6 +63,7 @@ def test_bounded_output_keeps_head_and_tail_with_a_marker():
     assert small.getvalue() == b"hello\n"  # nothing left out: no marker
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_capture_streams_the_output_keeps_it_and_the_trace_stays_valid(tmp_path):
     from reprobisect.trace.reader import read_trace
@@ -102,6 +103,7 @@ def test_repro_shows_the_tail_of_a_crashed_run_and_keeps_searches_quiet(tmp_path
 
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_searches_keep_the_output_in_the_log_not_on_the_terminal(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
