@@ -293,10 +293,12 @@ class _Prober:
     def _classify_one(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[str, str, ProbeResult, str | None]:
         """(verdict, reason, result, place of the first divergence the verdict rests on or None)."""
         v, reason, res = self._classify_raw(commit, full_steps)
-        return v if isinstance(v, str) else v.verdict, reason if isinstance(v, str) else _short_reason(v), res, (
-            None if isinstance(v, str) else _place(getattr(v, "comparison", None)))
+        if isinstance(v, str):  # decided without a comparison
+            return v, reason, res, None
+        return v.verdict, _short_reason(v), res, _place(getattr(v, "comparison", None))
 
     def _classify_raw(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[Any, str, ProbeResult]:
+        """(a ``Verdict``, or a verdict string with its reason, and the result)."""
         from reprobisect.probe import classify
 
         res = self._run_once(commit, full_steps)
