@@ -60,6 +60,12 @@ def _argv(cmd: str, tmp_path: Path, script: str = "slow.py") -> list[str]:
         return [*bisect, "runs", "--good", "HEAD~1", "--bad", "HEAD", "-q", "--", "python", script]
     if cmd == "repro":
         return [*bisect, "repro", "--runs", "2", "-q", "--", "python", script]
+    if cmd == "seeds":
+        return [*bisect, "seeds", "--seeds", "0,1", "-q", "--", "python", script, "--seed", "{seed}"]
+    if cmd == "envs":
+        return [*bisect, "envs", "--a", "env.X=1", "--b", "env.X=2", "-q", "--", "python", script]
+    if cmd == "probe":
+        return [*bisect, "probe", "--check", "finite", "-q", "--", "python", script]
     return [*bisect, "capture", "-o", str(tmp_path / "cap.trace"), "--", "python", script]
 
 
@@ -110,7 +116,8 @@ def _leftovers(repo: Path, tmp_path: Path) -> dict:
     }
 
 
-CASES = [("runs", signal.SIGTERM), ("runs", signal.SIGHUP), ("repro", signal.SIGTERM), ("capture", signal.SIGTERM)]
+CASES = [("runs", signal.SIGTERM), ("runs", signal.SIGHUP), ("repro", signal.SIGTERM), ("capture", signal.SIGTERM),
+         ("seeds", signal.SIGTERM), ("envs", signal.SIGHUP), ("probe", signal.SIGTERM)]
 
 
 @pytest.mark.parametrize("cmd,sig", CASES, ids=[f"{c}-{s.name}" for c, s in CASES])
