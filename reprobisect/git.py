@@ -282,7 +282,7 @@ def bisect_axis(
     merges; otherwise pass them as ``Bisection(points, parents=parents)``.
     """
     g = resolve(repo, good)
-    commits = commit_range(repo, g, bad, first_parent=first_parent)
+    commits = commit_range(repo, good, bad, first_parent=first_parent)  # its messages name what the user typed
     points = [g, *commits]
     if first_parent:
         return points, None

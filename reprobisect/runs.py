@@ -577,7 +577,8 @@ def find_first_bad(
             subdir = "."
     good = _g.resolve(info, cfg.good)
     bad = _g.resolve(info, cfg.bad)
-    points, parents = _g.bisect_axis(info, good, cfg.bad, first_parent=cfg.first_parent)
+    # the revisions as the user typed them: git's messages name what was typed (HEAD), not a hash
+    points, parents = _g.bisect_axis(info, cfg.good, cfg.bad, first_parent=cfg.first_parent)
     commits = points[1:]
 
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else common / "reprobisect"
@@ -647,6 +648,8 @@ def find_first_bad(
             jg = prober.judge(good)
             cached += jg.cached
             if jg.verdict == "skip" or (terms == _DEFAULT_TERMS and jg.verdict != "good"):
+                if jg.output_tail:  # a crash: what the command printed last
+                    progress.note("\n".join(f"      | {ln}" for ln in jg.output_tail.splitlines()))
                 raise ProbeError(
                     f"--good {cfg.good} does not probe {terms[0]}: {jg.reason}; pick a good revision where the command runs"
                 )

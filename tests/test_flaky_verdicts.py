@@ -180,3 +180,12 @@ def test_lock_refusal_names_the_real_option_and_the_option_waits(tiny):
     r = subprocess.run([sys.executable, "-m", "reprobisect", "runs", "--help"], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert "--lock-timeout" in r.stdout
+
+
+def test_messages_name_the_revisions_as_typed(tiny):
+    root, commits = tiny
+    base = dict(cwd=str(root), command=("python", "fast.py"), options=ProbeOptions(quiet=True))
+    with pytest.raises(UsageError, match=rf"--good HEAD and --bad HEAD are the same commit {commits[-1][:12]}"):
+        find_first_bad(RunsConfig(good="HEAD", bad="HEAD", **base))
+    with pytest.raises(UsageError, match=r"--good HEAD~1 is not an ancestor of --bad HEAD~2: HEAD~2 is older"):
+        find_first_bad(RunsConfig(good="HEAD~1", bad="HEAD~2", **base))
