@@ -49,6 +49,8 @@ class CaptureConfig:
     """Interpreter to run instead of the command's own ``python``."""
     env: Mapping[str, str] | None = None
     """Extra environment variables for the command."""
+    quiet: bool = False
+    """Do not stream the command's output to the terminal (it is kept in ``output.log`` either way)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -89,6 +91,15 @@ class CaptureResult:
     command: tuple[str, ...]
     stdout_tail: str = ""
     stderr_tail: str = ""
+    output_tail: str = ""
+
+    @property
+    def output_log(self) -> str | None:
+        """The command's output (bounded) in the trace folder, when it was kept."""
+        from reprobisect.outputlog import OUTPUT_LOG
+
+        p = Path(self.trace) / OUTPUT_LOG
+        return str(p) if p.is_file() else None
 
     def __bool__(self) -> bool:
         return bool(self.outcome)
@@ -103,6 +114,7 @@ class CaptureResult:
             "trace": self.trace,
             "command": list(self.command),
             "exit_code": self.exit_code,
+            "output_log": self.output_log,
         }
 
 
@@ -137,11 +149,14 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     # new, empty, or verifiably a reprobisect trace (its manifest parses as one), and writable
     check_trace_target(trace)
     cmd = launch_command(argv, trace, config, workdir)
-    result = run_in_dir(config.spec(argv, workdir), workdir, trace)
+    # the command's output streams live (as under git bisect run) unless quiet; it is kept
+    # in the trace folder as output.log either way (reprobisect.outputlog)
+    result = run_in_dir(config.spec(argv, workdir), workdir, trace, echo=not config.quiet)
     return CaptureResult(
         outcome=result.outcome,
         trace=str(trace),
         command=tuple(cmd),
         stdout_tail=result.stdout_tail,
         stderr_tail=result.stderr_tail,
+        output_tail=result.output_tail,
     )

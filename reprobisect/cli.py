@@ -15,7 +15,8 @@ status, never a traceback that exits 1 (1 means "diverged / bad", and under
 - ``bisect probe`` follows git bisect run's contract, where 2 would read as "bad": its
   own usage errors exit ``128`` and its internal errors ``129``, both >= 128, which makes
   git abort the bisection instead of blaming commits;
-- interrupted: ``130``.
+- interrupted: ``130`` (Ctrl-C), ``143`` (SIGTERM), ``129`` (SIGHUP): 128 + the signal, as
+  shells do; every one of them >= 128, so an interrupted ``probe`` also aborts git bisect.
 """
 
 from __future__ import annotations
@@ -180,14 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console scripts ``bisect`` and ``reprobisect``: the one error boundary.
 
     Every outcome is a documented exit status (see the module docstring and README's exit
-    codes); no exception escapes as a traceback.
+    codes); no exception escapes as a traceback. SIGTERM/SIGHUP clean up like Ctrl-C.
     """
+    from reprobisect import interrupt
+
     args = list(sys.argv[1:] if argv is None else argv)
     probe = _subcommand(args) == "probe"
     usage = PROBE_EXIT_USAGE if probe else EXIT_USAGE
     internal = PROBE_EXIT_INTERNAL if probe else EXIT_INTERNAL
     try:
-        rv = cli.main(args=args, prog_name="bisect", standalone_mode=False)
+        with interrupt.signals_as_interrupt():
+            rv = cli.main(args=args, prog_name="bisect", standalone_mode=False)
     except ReproError as e:
         code = e.exit_code
         return _fail(str(e), usage if (probe or code == EXIT_USAGE) else code)
@@ -197,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return usage
-    except click.exceptions.Abort:
-        return _fail("aborted", EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        return _fail("interrupted", EXIT_INTERRUPTED)
+    except click.exceptions.Abort as e:
+        return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e))
+    except KeyboardInterrupt as e:
+        return _fail(str(e) or "interrupted", interrupt.exit_code(e))
     except BrokenPipeError:
         return EXIT_INTERRUPTED  # the reader of stdout went away (e.g. '| head'); nothing to say
     except OSError as e:

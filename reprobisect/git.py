@@ -67,6 +67,7 @@ __all__ = [
     "make_links",
     "remove_links",
     "session_lock",
+    "prune_stale_worktrees",
     "archive",
     "extract",
     "DvcResult",
@@ -284,7 +285,7 @@ def bisect_axis(
     merges; otherwise pass them as ``Bisection(points, parents=parents)``.
     """
     g = resolve(repo, good)
-    commits = commit_range(repo, g, bad, first_parent=first_parent)
+    commits = commit_range(repo, good, bad, first_parent=first_parent)  # its messages name what the user typed
     points = [g, *commits]
     if first_parent:
         return points, None
@@ -323,6 +324,34 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove worktree folders of dead sessions under ``cache_dir`` (default
+    ``default_cache_dir(repo)``), then ``git worktree prune``; returns what was removed.
+
+    Only folders named ``<this host>-<pid>-<token>`` (a ``WorktreePool``'s) whose pid is
+    dead are removed, and not while a live process still works in one (a probe orphaned
+    by a SIGKILL'd session: its folder goes at a later start, once that probe has ended).
+    Runs when a pool starts and when ``bisect runs`` starts (its probes may all be cached).
+    """
+    from reprobisect.interrupt import in_use
+
+    info = _info(repo)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(info)
+    removed: list[Path] = []
+    host = socket.gethostname()
+    for d in cache.iterdir() if cache.is_dir() else ():
+        h, _, _token = d.name.rpartition("-")  # host-pid-token
+        h, _, pid = h.rpartition("-")
+        if h != host or not pid.isdigit() or _pid_alive(int(pid)) or in_use(d):
+            continue
+        for wt in sorted(d.iterdir()) if d.is_dir() else ():
+            _git(["worktree", "remove", "--force", str(wt)], info.root, check=False)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    _git(["worktree", "prune"], info.root, check=False)
+    return removed
 
 
 class WorktreePool:
@@ -376,21 +405,8 @@ class WorktreePool:
         self.close()
 
     def prune_stale(self) -> list[Path]:
-        """Remove folders left by pools whose process is gone, then ``git worktree prune``."""
-        removed: list[Path] = []
-        host = socket.gethostname()
-        for d in self.cache_dir.iterdir() if self.cache_dir.is_dir() else ():
-            name = d.name
-            h, _, rest = name.rpartition("-")  # host-pid-token
-            h, _, pid = h.rpartition("-")
-            if h != host or not pid.isdigit() or _pid_alive(int(pid)):
-                continue
-            for wt in sorted(d.iterdir()) if d.is_dir() else ():
-                _git(["worktree", "remove", "--force", str(wt)], self.repo.root, check=False)
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-        _git(["worktree", "prune"], self.repo.root, check=False)
-        return removed
+        """Remove folders left by pools whose process is gone (``prune_stale_worktrees``)."""
+        return prune_stale_worktrees(self.repo, self.cache_dir)
 
     def close(self) -> None:
         """Remove every worktree of this pool and its folder (idempotent)."""
@@ -597,6 +613,7 @@ def session_lock(
     timeout: float = 30.0,
     on_wait: Callable[[str], None] | None = None,
     what: str = "",
+    option: str | None = None,
 ) -> Iterator[Path]:
     """Hold the repository's session lock for the duration of the block.
 
@@ -605,7 +622,8 @@ def session_lock(
     and a killed session releases it (the kernel drops the lock with the process). A
     second session calls ``on_wait`` once with a message naming the holder, waits up to
     ``timeout`` seconds (0: fail at once), then raises ``UsageError`` saying who holds it.
-    Yields the lock file's path. ``what`` describes this session for the next waiter.
+    Yields the lock file's path. ``what`` describes this session for the next waiter;
+    ``option`` is the command-line option that sets ``timeout`` (named in that error).
     """
     info = _info(repo)
     path = info.common_dir / "reprobisect" / "session.lock"
@@ -626,9 +644,10 @@ def session_lock(
                     raise
             holder = _read_holder(path)
             if time.monotonic() >= deadline:
+                how = f"with {option} SECONDS" if option else "(session_lock's timeout)"
                 raise UsageError(
                     f"another reprobisect session holds the lock on {info.root}{holder}; wait for it to finish "
-                    f"(or give a longer lock timeout than {timeout:g} s)"
+                    f"(or give a longer lock timeout than {timeout:g} s {how})"
                 )
             if not told and on_wait is not None:
                 on_wait(f"waiting for another reprobisect session on {info.root}{holder}")

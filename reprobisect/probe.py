@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -157,13 +156,6 @@ def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> li
 # --------------------------------------------------------------------------- running
 
 
-def _tail(f: Any) -> str:
-    f.flush()
-    size = f.seek(0, os.SEEK_END)
-    f.seek(max(0, size - TAIL_BYTES))
-    return f.read().decode("utf-8", errors="replace")
-
-
 def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the whole group, wait up to ``grace`` for the leader, then SIGKILL the group."""
     try:
@@ -238,7 +230,7 @@ def _with(o: Outcome, **changes: Any) -> Outcome:
     return Outcome(**d)
 
 
-def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
+def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = False) -> ProbeResult:
     """Run one probe of ``spec`` in ``workdir/spec.subdir``, recording into ``trace_dir``.
 
     ``spec.env`` is added to this process's environment; the command runs in its own
@@ -247,6 +239,11 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
     SIGKILL after ``KILL_GRACE_S``); ``infra`` when it was killed by a signal or left no
     sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
     Raises ``UsageError`` only for a command that is not Python (nothing can run it).
+
+    The command's stdout and stderr are kept, bounded (``reprobisect.outputlog``), as
+    ``output.log`` in ``trace_dir`` once it ended (when the launcher made the trace
+    folder); ``echo`` also streams them live to this process's stdout/stderr (``bisect
+    capture``). The result's ``output_tail`` holds the last lines of both, interleaved.
     """
     workdir = Path(workdir)
     trace_dir = Path(trace_dir)
@@ -254,7 +251,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
     t0 = time.monotonic()
     commit = _commit_of(workdir)
 
-    def result(outcome: Outcome, out: str = "", err: str = "") -> ProbeResult:
+    def result(outcome: Outcome, out: str = "", err: str = "", both: str = "") -> ProbeResult:
         outcome = _with(outcome, wall_s=round(time.monotonic() - t0, 3))
         if not outcome and spec.repo and spec.revision:
             outcome = _link_hint(outcome, spec, workdir, err)
@@ -266,6 +263,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
             host=os.uname().nodename,
             stdout_tail=out,
             stderr_tail=err,
+            output_tail=both,
         )
 
     if not cwd.is_dir():
@@ -282,39 +280,53 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
     env.update(spec.env)
     trace_dir.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    from reprobisect.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
+
+    log = BoundedOutput()
+    try:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError, OSError) as e:
+        return result(Outcome("skip", detail=f"cannot start '{exe}': {e.strerror or e}"))
+    pgid = proc.pid
+    with _LIVE_LOCK:
+        _LIVE[pgid] = getattr(_OWNER, "value", None)
+    to_out, to_err = echo_streams() if echo else (None, None)
+    readers, (out_ring, err_ring) = pump([(proc.stdout, to_out), (proc.stderr, to_err)], log, TAIL_BYTES)
+    try:
         try:
-            proc = subprocess.Popen(
-                cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-            )
-        except (FileNotFoundError, PermissionError, OSError) as e:
-            return result(Outcome("skip", detail=f"cannot start '{exe}': {e.strerror or e}"))
-        pgid = proc.pid
-        with _LIVE_LOCK:
-            _LIVE[pgid] = getattr(_OWNER, "value", None)
-        try:
-            try:
-                rc = proc.wait(timeout=spec.timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(pgid, proc)
-                rc = proc.wait()
-            except BaseException:
-                _kill_group(pgid, proc, grace=0.5)
-                proc.wait()
-                raise
-            finally:
-                _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
+            rc = proc.wait(timeout=spec.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(pgid, proc)
+            rc = proc.wait()
+        except BaseException:
+            _kill_group(pgid, proc, grace=0.5)
+            proc.wait()
+            raise
         finally:
-            with _LIVE_LOCK:
-                _LIVE.pop(pgid, None)
-        out_t, err_t = _tail(out), _tail(err)
+            _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.pop(pgid, None)
+        for t in readers:  # the group is dead: its pipes end (a daemon outside it may keep one open)
+            t.join(timeout=2.0)
+        if (trace_dir / "manifest.json").is_file():
+            try:
+                log.save(trace_dir / OUTPUT_LOG)
+            except OSError:
+                pass  # the output is a courtesy: never a reason to lose the probe
+    out_t, err_t = out_ring.text(), err_ring.text()
+    both = log.tail_text(TAIL_BYTES)
 
     if timed_out:
         return result(
             Outcome("timeout", detail=f"no result after {spec.timeout:g} s; process group killed", returncode=rc),
             out_t,
             err_t,
+            both,
         )
     if rc < 0:
         try:
@@ -325,23 +337,26 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path) -> ProbeResult:
             Outcome("infra", detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc),
             out_t,
             err_t,
+            both,
         )
     sealed = _sealed_outcome(trace_dir)
     if sealed is not None:
-        return result(_with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status == "ok" else sealed.trace), out_t, err_t)
+        return result(_with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status == "ok" else sealed.trace), out_t, err_t, both)
     if "No module named reprobisect" in err_t or "No module named 'reprobisect" in err_t:
         return result(
             Outcome("skip", detail=f"the interpreter '{exe}' cannot import reprobisect; install it there", returncode=rc),
             out_t,
             err_t,
+            both,
         )
     status = _EXIT_OUTCOME.get(rc)
     if status in ("skip", "no_steps"):
-        return result(Outcome(status, detail=_last_line(err_t), returncode=rc), out_t, err_t)
+        return result(Outcome(status, detail=_last_line(err_t), returncode=rc), out_t, err_t, both)
     return result(
         Outcome("infra", detail=f"the launcher exited {rc} without sealing a trace: {_last_line(err_t)}", returncode=rc),
         out_t,
         err_t,
+        both,
     )
 
 

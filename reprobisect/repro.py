@@ -72,6 +72,21 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
     )
 
 
+def _output_tail(r: ProbeResult, lines: int = 10) -> str:
+    """The last ``lines`` lines a run printed (stdout and stderr)."""
+    text = getattr(r, "output_tail", "") or (r.stdout_tail + r.stderr_tail)
+    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return "\n".join(keep[-lines:])
+
+
+def place(comp: Any) -> str | None:
+    """``step S · kind · name`` of a comparison's first difference (None when identical)."""
+    if comp is None or bool(comp):
+        return None
+    d = getattr(comp, "first", None)
+    return f"step {d.step} · {d.kind} · {d.name}" if d is not None else "structure"
+
+
 def _failed(results: list[ProbeResult], what: str) -> ProbeError:
     r = next(r for r in results if not r.outcome)
     msg = f"{what}: run '{r.spec.key}' ended {r.outcome}"
@@ -164,6 +179,28 @@ class ReproResult:
         return bool(self)
 
     @property
+    def places(self) -> tuple[str | None, ...]:
+        """Where each run first differs from run 0 (None: identical), for runs 1..N-1."""
+        return tuple(place(c) for c in self.comparisons)
+
+    @property
+    def flakiness(self) -> str:
+        """Why one comparison does not tell the whole story: the first difference moves
+        between runs, or only some runs differ ('' when neither)."""
+        places = self.places
+        differing = [(i + 1, w) for i, w in enumerate(places) if w]
+        if not differing:
+            return ""
+        if len({w for _, w in differing}) > 1:
+            where = ", ".join(f"{w} (run {i})" for i, w in differing)
+            return (f"the first difference moves between runs ({where}): the nondeterminism is not at one fixed "
+                    "place, so fix what is common to these places (or the earliest), then run again")
+        if len(differing) < len(places):
+            return (f"only {len(differing)} of {len(places)} runs differ from run 0: the nondeterminism does not "
+                    "show in every run, so fewer runs could miss it; use --runs 5 or more to confirm a fix")
+        return ""
+
+    @property
     def first_difference(self) -> tuple[int, Any] | None:
         """(run index, comparison) of the first run that differs from run 0, or None."""
         for i, c in enumerate(self.comparisons):
@@ -179,6 +216,8 @@ class ReproResult:
             "hashseeds": list(self.hashseeds),
             "environment_set": self.environment_set,
             "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in self.comparisons],
+            "places": list(self.places),
+            "flakiness": self.flakiness or None,
         }
 
 
@@ -199,7 +238,13 @@ def _env_settings(trace_dir: str | None) -> dict[str, Any]:
     return out
 
 
-def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = 2, hashseed_differ: bool = False,
+DEFAULT_RUNS = 3
+"""Runs ``repro`` compares by default: two runs miss nondeterminism that shows in some runs
+only (measured: a script whose difference shows in about half its runs was missed twice by
+two runs; three caught it)."""
+
+
+def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUNS, hashseed_differ: bool = False,
               cwd: str | os.PathLike | None = None) -> ReproResult:
     """Run ``argv`` ``runs`` times in ``cwd`` (default: here) and compare each run to the first.
 
@@ -228,6 +273,11 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = 2, hashseed
             results.append(retry_once(ex, f.result()))
             p.advance()
         if not all(r.outcome for r in results):
+            crashed = next(r for r in results if not r.outcome)
+            tail = _output_tail(crashed)
+            if tail and not options.quiet:  # what the command printed last (its output.log has it all)
+                p.note(f"run '{crashed.spec.key}' ended {crashed.outcome.status}; its last output:\n"
+                       + "\n".join(f"    | {ln}" for ln in tail.splitlines()))
             raise _failed(results, "cannot judge determinism")
         comps = tuple(compare_traces(results[0], r, tol) for r in results[1:])
         env_set = _env_settings(results[0].trace_dir)
@@ -260,6 +310,8 @@ def render_repro(result: ReproResult) -> str:
         i, comp = first
         lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result)})")
         lines.append(render_comparison(comp))
+        if result.flakiness:
+            lines.append(f"note: {result.flakiness}")
         # hint: lines come with the comparison (reprobisect.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")

@@ -81,6 +81,9 @@ class RunsConfig:
     """Cache + session folder; None: ``<common git dir>/reprobisect``."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every probe."""
+    lock_timeout: float = 0.0
+    """Seconds to wait for another session on the same repository to finish (``--lock-timeout``);
+    0: refuse at once, naming the session that holds the lock."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,14 @@ class RunsResult:
     """'agreed', 'disagreed: ...' or 'skipped'."""
     session_log: str
     resumed: bool = False
+    good_rev: str = ""
+    """``--good`` as the user typed it (``v1.2``, ``HEAD~5``); the hash is ``range_good``."""
+    bad_rev: str = ""
+    """``--bad`` as the user typed it (``HEAD``); the hash is ``range_bad``."""
+    range_good: str = ""
+    range_bad: str = ""
+    replayed: int = 0
+    """Search verdicts replayed from the session log (``--resume``); counted in ``probes``."""
 
     def __bool__(self) -> bool:
         return self.first_bad is not None and not self.recheck.startswith("disagreed")
@@ -153,6 +164,7 @@ class RunsResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "found": bool(self),
+            "inconclusive": self.recheck.split(":", 1)[1].strip() if self.first_bad is not None and self.recheck.startswith("disagreed") else None,
             "first_bad": self.first_bad.to_json() if self.first_bad else None,
             "last_good": self.last_good.to_json() if self.last_good else None,
             "candidates": [c.to_json() for c in self.candidates],
@@ -172,6 +184,9 @@ class RunsResult:
             "recheck": self.recheck,
             "session_log": self.session_log,
             "resumed": self.resumed,
+            "good": {"rev": self.good_rev, "hash": self.range_good},
+            "bad": {"rev": self.bad_rev, "hash": self.range_bad},
+            "replayed": self.replayed,
         }
 
 
@@ -203,6 +218,10 @@ class _Judged:
     runs: int
     cached: bool
     wall_s: float
+    place: str | None = None
+    """Where the first divergence this verdict rests on is (``step S · kind · name``), if any."""
+    output_tail: str = ""
+    """The last lines of the command's output when the probe crashed."""
 
 
 class _Prober:
@@ -274,7 +293,15 @@ class _Prober:
             attempt += 1
             spec = replace(spec, attempt=spec.attempt + 1)
 
-    def _classify_one(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[str, str, ProbeResult]:
+    def _classify_one(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[str, str, ProbeResult, str | None]:
+        """(verdict, reason, result, place of the first divergence the verdict rests on or None)."""
+        v, reason, res = self._classify_raw(commit, full_steps)
+        if isinstance(v, str):  # decided without a comparison
+            return v, reason, res, None
+        return v.verdict, _short_reason(v), res, _place(getattr(v, "comparison", None))
+
+    def _classify_raw(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[Any, str, ProbeResult]:
+        """(a ``Verdict``, or a verdict string with its reason, and the result)."""
         from reprobisect.probe import classify
 
         res = self._run_once(commit, full_steps)
@@ -289,14 +316,12 @@ class _Prober:
             # the reference itself: good when it produced a trace at all
             if res.outcome.status == "ok":
                 return "good", "recorded the reference trace", res
-            from reprobisect.probe import classify as _c
-
-            v = _c(res, "finite")  # skip / crashed → bad, with the outcome as the reason
+            v = classify(res, "finite")  # skip / crashed → bad, with the outcome as the reason
             if v.verdict == "good":
                 return "good", "recorded the reference trace", res
         else:
             v = classify(res, self.cfg.check, tolerance=self.tolerance)
-        return v.verdict, _short_reason(v), res
+        return v, "", res
 
     def judge(self, commit: str, *, use_cache: bool = True, full_steps: tuple[int, ...] | None = None) -> _Judged:
         t0 = time.monotonic()
@@ -304,7 +329,8 @@ class _Prober:
         if use_cache:
             hit = self.cache.get(key)
             if hit is not None:
-                return _Judged(commit, hit.verdict, hit.reason, hit.outcome, str(hit.trace) if hit.trace else None, 0, True, 0.0)
+                return _Judged(commit, hit.verdict, hit.reason, hit.outcome, str(hit.trace) if hit.trace else None, 0, True, 0.0,
+                               place=hit.data.get("place") if isinstance(hit.data.get("place"), str) else None)
         runs0 = self.runs
         n = max(1, self.cfg.repeat)
         if n == 1:
@@ -312,23 +338,32 @@ class _Prober:
         else:  # the repeats run side by side (the executor bounds how many really run at once)
             with cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="repeat") as rp:
                 results = list(rp.map(lambda _: self._classify_one(commit, full_steps), range(n)))
-        verdicts = [v for v, _, _ in results]
+        verdicts = [r[0] for r in results]
         tested = [v for v in verdicts if v != "skip"]
+        # for 'match', where a commit diverges from the reference is a fact about its code;
+        # for 'repro', a bad verdict *is* nondeterminism, whose place may move
+        places = sorted({r[3] for r in results if r[0] == "bad" and r[3]}) if self.cfg.check == "match" else []
         if not tested:
-            verdict, reason, res = results[0]
+            verdict, reason, res, place = results[0]
         elif len(set(tested)) > 1:
             counts = ", ".join(f"{v} {tested.count(v)}" for v in sorted(set(tested)))
-            verdict, reason, res = "skip", f"flaky: {counts} of {len(results)} runs", results[0][2]
+            verdict, reason, res, place = "skip", f"flaky: {counts} of {len(results)} runs", results[0][2], None
+        elif len(places) > 1:
+            # every run differs, but each at another place: the verdict rests on noise
+            verdict, reason, res, place = ("skip", f"flaky: all {len(results)} runs differ, but the first divergence moves "
+                                           f"between them ({'; '.join(places)})", results[0][2], None)
         else:
-            verdict, reason, res = next(r for r in results if r[0] != "skip")
+            verdict, reason, res, place = next(r for r in results if r[0] != "skip")
         trace = res.trace_dir if res.trace_dir and Path(res.trace_dir, "manifest.json").is_file() else None
         outcome = res.outcome.to_json()
         entry = None
         # timeouts / infra are not facts about the code: never cached
         if verdict != "skip" or res.outcome.status not in ("timeout", "infra"):
-            entry = self.cache.put(key, verdict=verdict, reason=reason, outcome=outcome, trace=trace, extra={"commit": commit})
+            entry = self.cache.put(key, verdict=verdict, reason=reason, outcome=outcome, trace=trace,
+                                   extra={"commit": commit, "place": place})
         kept = str(entry.trace) if entry is not None and entry.trace else trace
-        return _Judged(commit, verdict, reason, outcome, kept, self.runs - runs0, False, round(time.monotonic() - t0, 3))
+        return _Judged(commit, verdict, reason, outcome, kept, self.runs - runs0, False, round(time.monotonic() - t0, 3),
+                       place=place, output_tail=_output_tail(res) if res.outcome.status == "crashed" else "")
 
 
 # --------------------------------------------------------------------------- the driver
@@ -349,8 +384,58 @@ def _short_reason(v: Any) -> str:
     return lines[0][:300] if lines else ""
 
 
+def _moved(commit: str, seen: list[tuple[str, str | None]]) -> str:
+    """'disagreed: ...' when runs of ``commit`` put the first divergence in different places
+    (a verdict resting on nondeterminism), else ''."""
+    known = [(who, where) for who, where in seen if where]
+    if len({where for _, where in known}) < 2:
+        return ""
+    runs = "; ".join(f"{where} in {who}" for who, where in known)
+    return (f"disagreed: the first divergence of {_short(commit)} moves between runs ({runs}): its command is "
+            "nondeterministic there, so this verdict cannot be trusted; re-run with --repeat 3 "
+            "(or find the nondeterminism first with bisect repro)")
+
+
+def _place(comp: Any) -> str | None:
+    """``step S · kind · name`` of a comparison's first divergence (None when it agrees or has none)."""
+    if comp is None or bool(comp):
+        return None
+    d = getattr(comp, "first", None)
+    if d is None:
+        return None
+    return f"step {d.step} · {d.kind} · {d.name}"
+
+
+def _place_of(data: dict[str, Any] | None) -> str | None:
+    """The same from ``_divergence``'s data."""
+    first = (data or {}).get("first")
+    if not isinstance(first, dict) or first.get("step") is None:
+        return None
+    return f"step {first.get('step')} · {first.get('kind')} · {first.get('name')}"
+
+
+def _output_tail(res: ProbeResult, lines: int = 8) -> str:
+    """The last ``lines`` lines the command printed (its output log, or the result's tails)."""
+    text = getattr(res, "output_tail", "") or (res.stdout_tail + res.stderr_tail)
+    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return "\n".join(keep[-lines:])
+
+
 def _short(c: str) -> str:
     return c[:10]
+
+
+def _say(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+def _named(commit: str, typed: str) -> str:
+    """A commit as the user named it, with the hash beside it (``HEAD~2 (1a2b3c4d5e)``)."""
+    if not typed or commit.startswith(typed.lower()):
+        return _short(commit)
+    return f"{typed} ({_short(commit)})"
 
 
 def _clip(text: str, width: int) -> str:
@@ -387,6 +472,44 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     if origin is not None and origin is not first:
         text += "\n  origin (inputs agree, output differs): " + render_divergence(origin)
     return data, text
+
+
+_HEADER_KEYS = ("good", "bad", "command", "subdir", "check", "steps", "first_parent", "terms", "repeat", "points")
+
+
+def _load_for_resume(log_path: Path, header: dict[str, Any], points: list[str], terms: tuple[str, ...],
+                     parents: Any) -> SessionLog:
+    """The session log to resume, checked whole before anything runs: readable
+    (``SessionLog.load``), this search's (``_check_resumable``) and replayable. Every
+    problem is one ``UsageError`` that says to start afresh."""
+    from reprobisect.search import Bisection
+
+    log = SessionLog.load(log_path)
+    _check_resumable(log, header, points)
+    try:
+        Bisection.replay(points, log.search_rounds(), terms=terms, parents=parents)  # type: ignore[arg-type]
+    except ReproError as e:
+        raise UsageError(f"the session log {log_path} cannot be replayed ({e}); "
+                         "start afresh without --resume (or delete the log)") from None
+    return log
+
+
+def _check_resumable(log: SessionLog, header: dict[str, Any], points: list[str]) -> None:
+    """Refuse (one line) a log that is not this search's: another search's header, or
+    probes of commits that are not in this range (the history was rewritten)."""
+    differ = [k for k in _HEADER_KEYS if k in header and log.header.get(k) != header[k]]
+    if differ:
+        raise UsageError(
+            f"the session log {log.path} is for another search (its {', '.join(differ)} differ from this one's); "
+            "start afresh without --resume (or delete the log)"
+        )
+    on_axis = set(points)
+    for e in log.events:
+        if e.point not in on_axis and e.role in ("endpoint", "search"):
+            raise UsageError(
+                f"the session log {log.path} names commit {e.point[:12]}, which is not in this range "
+                "(the history changed?); start afresh without --resume (or delete the log)"
+            )
 
 
 def _unfinished(log_path: Path) -> int:
@@ -461,7 +584,8 @@ def find_first_bad(
     links = _g.check_links(info, cfg.options.link)
     good = _g.resolve(info, cfg.good)
     bad = _g.resolve(info, cfg.bad)
-    points, parents = _g.bisect_axis(info, good, cfg.bad, first_parent=cfg.first_parent)
+    # the revisions as the user typed them: git's messages name what was typed (HEAD), not a hash
+    points, parents = _g.bisect_axis(info, cfg.good, cfg.bad, first_parent=cfg.first_parent)
     commits = points[1:]
 
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else common / "reprobisect"
@@ -478,7 +602,7 @@ def find_first_bad(
         "points": len(points), "repo": str(top),
     }
     if cfg.resume:  # fail early, before any executor starts; loaded again under the lock
-        SessionLog.load(log_path)
+        _load_for_resume(log_path, header, points, terms, parents)
     cache = ResultCache(cache_dir / "cache")
 
     own_executor = executor is None
@@ -490,19 +614,25 @@ def find_first_bad(
 
         progress = Progress(f"bisect runs ({cfg.check})", total=None, quiet=opts.quiet)
 
-    lock_cm = _g.session_lock(info, timeout=0, what=f"bisect runs --good {cfg.good} --bad {cfg.bad}")
+    lock_cm = _g.session_lock(info, timeout=cfg.lock_timeout, what=f"bisect runs --good {cfg.good} --bad {cfg.bad}",
+                              option="--lock-timeout", on_wait=None if opts.quiet else _say)
     prober = _Prober(cfg, top, subdir, executor, cache, tolerance)
     prober.links = links
     cached = 0
     replaced = 0
+    replayed = 0
     pool = cf.ThreadPoolExecutor(max_workers=max(1, opts.jobs), thread_name_prefix="runs")
     try:
         with lock_cm:
+            # leftovers of SIGKILL'd sessions (worktrees of dead pids): cleaned on start,
+            # also when every probe of this session comes from the cache
+            try:
+                _g.prune_stale_worktrees(info)
+            except (OSError, ReproError):
+                pass
             # the log is only read or replaced while this session holds the repository's lock
             if cfg.resume:
-                log = SessionLog.load(log_path)
-                if log.header.get("good") != good or log.header.get("bad") != bad:
-                    raise UsageError(f"the session log {log_path} is for another search; run without --resume")
+                log = _load_for_resume(log_path, header, points, terms, parents)
             else:
                 replaced = _unfinished(log_path)
                 log = SessionLog.create(log_path, header)
@@ -513,19 +643,21 @@ def find_first_bad(
                               "--resume continues one instead (its verdicts stay cached)")
             logged = {(e.role, e.point): e for e in log.events}
 
-            def record(j: _Judged, role: str, verdict: str) -> None:
+            def record(j: _Judged, role: str, verdict: str, rnd: int | None = None) -> None:
                 ev = SessionEvent(point=j.commit, verdict=verdict, reason=j.reason, outcome=j.outcome,
-                                  attempts=max(1, j.runs), cached=j.cached, wall_s=j.wall_s, role=role)
+                                  attempts=max(1, j.runs), cached=j.cached, wall_s=j.wall_s, role=role, round=rnd)
                 log.append(ev)
                 if on_event is not None:
                     on_event(ev)
 
             # ---- endpoints: good first (it is the reference for 'match'), then bad
-            progress.update(f"verifying --good {_short(good)} and --bad {_short(bad)}")
+            progress.update(f"verifying --good {_named(good, cfg.good)} and --bad {_named(bad, cfg.bad)}")
             prev_g = logged.get(("endpoint", good))
             jg = prober.judge(good)
             cached += jg.cached
             if jg.verdict == "skip" or (terms == _DEFAULT_TERMS and jg.verdict != "good"):
+                if jg.output_tail:  # a crash: what the command printed last
+                    progress.note("\n".join(f"      | {ln}" for ln in jg.output_tail.splitlines()))
                 fix = "" if "--link" in jg.reason else "; pick a good revision where the command runs"
                 raise ProbeError(f"--good {cfg.good} does not probe {terms[0]}: {jg.reason}{fix}")
             invert = jg.verdict == "bad"  # custom terms: the good end's behaviour is "old"
@@ -555,12 +687,18 @@ def find_first_bad(
             if prev_b is None:
                 record(jb, "endpoint", "bad")
             traces: dict[str, str | None] = {good: jg.trace, bad: jb.trace}
+            places: dict[str, str | None] = {bad: jb.place}
             reasons: dict[str, str] = {good: jg.reason, bad: jb.reason}
 
             # ---- the search
             if cfg.resume:
-                bis = Bisection.replay(points, log.search_events(), terms=terms, parents=parents)  # type: ignore[arg-type]
-                cached += len(log.search_events())
+                try:
+                    bis = Bisection.replay(points, log.search_rounds(), terms=terms, parents=parents)  # type: ignore[arg-type]
+                except ReproError as e:
+                    raise UsageError(f"the session log {log_path} cannot be replayed: {e}; "
+                                     "start afresh without --resume (or delete the log)") from None
+                replayed = len(log.search_events())
+                cached += replayed
                 for e in log.events:
                     if e.role == "search":
                         reasons[e.point] = e.reason
@@ -593,10 +731,14 @@ def find_first_bad(
                     bis.mark(p, v)
                     traces[p] = j.trace
                     reasons[p] = j.reason
+                    places[p] = j.place
                     if v == "skip":
                         skipped[p] = j.reason
-                    record(j, "search", v)
+                    rnd = bis.log[-1].get("round") if bis.log and bis.log[-1].get("point") == p else None
+                    record(j, "search", v, rnd if isinstance(rnd, int) else None)
                     progress.note(_clip(f"  {_short(p)}  {terms[0] if v == 'good' else terms[1] if v == 'bad' else 'skip'}  {j.reason}", 200))
+                    if j.output_tail:  # a crash: what the command printed last
+                        progress.note("\n".join(f"      | {ln}" for ln in j.output_tail.splitlines()))
                 for p in bis.obsolete():
                     bis.cancel(p)
             res = bis.result()
@@ -620,10 +762,15 @@ def find_first_bad(
                 for c, j in again.items():
                     record(j, "recheck", as_term(j.verdict))
                 vp, vf = as_term(again[parent].verdict), as_term(again[fb].verdict)
-                if vp == "good" and vf == "bad":
+                moved = _moved(fb, [("the search", places.get(fb)), ("the re-check", again[fb].place)]) \
+                    if cfg.check == "match" else ""
+                if vp == "good" and vf == "bad" and moved:
+                    recheck = moved
+                elif vp == "good" and vf == "bad":
                     recheck = "agreed"
                     traces[fb] = again[fb].trace or traces.get(fb)
                     traces[parent] = again[parent].trace or traces.get(parent)
+                    places[fb] = again[fb].place or places.get(fb)
                 else:
                     recheck = (
                         f"disagreed: on re-run {_short(parent)} probed {vp} and {_short(fb)} probed {vf}; "
@@ -649,6 +796,12 @@ def find_first_bad(
                     record(jp, "parent", as_term(jp.verdict))
                     lg_trace = jp.trace
                 div, div_text = _divergence(lg_trace, traces.get(res.first_bad), tolerance)
+                if recheck == "agreed" and cfg.check == "match":
+                    # the culprit against its parent must diverge where it diverged against --good
+                    moved = _moved(res.first_bad, [("the re-check against --good", places.get(res.first_bad)),
+                                                   ("the comparison with its parent", _place_of(div))])
+                    if moved:
+                        recheck = moved
             return RunsResult(
                 first_bad=first,
                 last_good=last_good,
@@ -669,6 +822,11 @@ def find_first_bad(
                 recheck=recheck,
                 session_log=str(log_path),
                 resumed=cfg.resume,
+                good_rev=cfg.good,
+                bad_rev=cfg.bad,
+                range_good=good,
+                range_bad=bad,
+                replayed=replayed,
             )
     except BaseException:
         prober.stopping = True
@@ -685,10 +843,15 @@ def find_first_bad(
 
 
 def render_result(r: RunsResult) -> str:
-    """The answer as text: the culprit (or candidates), the first divergence, the cost."""
+    """The answer as text: the culprit (or candidates, or why it is inconclusive), the first
+    divergence, the cost."""
     old, new = r.terms
     lines: list[str] = []
-    if r.first_bad is not None:
+    if r.first_bad is not None and r.recheck.startswith("disagreed"):
+        fb = r.first_bad
+        lines.append(f"inconclusive: {r.recheck.split(':', 1)[1].strip()}")
+        lines.append(f"    the search pointed at {fb.short} {fb.subject} (not confirmed: no culprit is named)")
+    elif r.first_bad is not None:
         fb = r.first_bad
         lines.append(f"first {new} commit: {fb.hash}")
         lines.append(f"    {fb.subject}")
@@ -699,7 +862,8 @@ def render_result(r: RunsResult) -> str:
         if r.reason:
             lines.append(f"why {new}: {r.reason}")
         if r.last_good is not None:
-            lines.append(f"first divergence against the last {old} commit {r.last_good.short}: {r.divergence_text}")
+            lg = _named(r.last_good.hash, r.good_rev) if r.last_good.hash == r.range_good else r.last_good.short
+            lines.append(f"first divergence against the last {old} commit {lg}: {r.divergence_text}")
     elif r.candidates:
         lines.append(f"the first {new} commit could be any of ({len(r.candidates)}; skipped commits border it):")
         skipped = dict(r.skipped)
@@ -708,10 +872,14 @@ def render_result(r: RunsResult) -> str:
             lines.append(f"    {c.short} {c.subject}{why}")
     else:
         lines.append(f"no first {new} commit found")
-    if r.recheck.startswith("disagreed"):
-        lines.append(f"warning: re-check {r.recheck}")
+    if r.range_good and r.range_bad:
+        lines.append(f"searched --good {_named(r.range_good, r.good_rev)} .. --bad {_named(r.range_bad, r.bad_rev)}")
+    rounds = f"{r.rounds} rounds"
+    if r.resumed:
+        rounds += f" (resumed: {r.replayed} replayed from the session log)"
+    recheck = "disagreed (inconclusive)" if r.recheck.startswith("disagreed") else r.recheck
     lines.append(
-        f"{r.probes} commits judged of {r.range_size} in range, {r.rounds} rounds, {r.runs} probe runs"
-        f" ({r.cached} from cache), {r.wall_s:.1f} s; re-check {r.recheck.split(':')[0]}"
+        f"{r.probes} commits judged of {r.range_size} in range, {rounds}, {r.runs} probe runs"
+        f" ({r.cached} from cache), {r.wall_s:.1f} s; re-check {recheck}"
     )
     return "\n".join(lines)

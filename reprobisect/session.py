@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 SESSION_VERSION = 1
+EVENT_VERDICTS = ("good", "bad", "skip")
+EVENT_ROLES = ("endpoint", "search", "recheck", "parent")
 
 # Environment variables that change what a training command computes (or how it runs).
 RELEVANT_ENV_VARS = (
@@ -109,6 +111,9 @@ class SessionEvent:
     wall_s: float | None = None
     role: str = "search"
     """'endpoint', 'search', 'recheck' or 'parent': only 'search' events are replayed into the search."""
+    round: int | None = None
+    """The search round the point was handed out in (search events; replayed, so a resumed
+    session counts its rounds from the start)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,19 +126,43 @@ class SessionEvent:
             "cached": self.cached,
             "wall_s": self.wall_s,
             "role": self.role,
+            "round": self.round,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SessionEvent":
+        """An event from its JSON; a missing field or one of the wrong type or value is a
+        ``KeyError``/``TypeError``/``ValueError`` naming it (``SessionLog.load`` reports it)."""
+
+        def typed(name: str, types: tuple[type, ...], default: Any = None, required: bool = False) -> Any:
+            if name not in d or d[name] is None:
+                if required:
+                    raise KeyError(f"no '{name}'")
+                return default
+            v = d[name]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise TypeError(f"'{name}' is {type(v).__name__} {v!r}, not {'/'.join(t.__name__ for t in types)}")
+            return v
+
+        point = typed("point", (str,), required=True)
+        verdict = typed("verdict", (str,), required=True)
+        if verdict not in EVENT_VERDICTS:
+            raise ValueError(f"verdict {verdict!r} is not one of {', '.join(EVENT_VERDICTS)}")
+        role = typed("role", (str,), "search")
+        if role not in EVENT_ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(EVENT_ROLES)}")
+        attempts = typed("attempts", (int,), 1)
+        rnd = typed("round", (int,), None)
         return cls(
-            point=str(d["point"]),
-            verdict=str(d["verdict"]),
-            reason=str(d.get("reason") or ""),
-            outcome=d.get("outcome"),
-            attempts=int(d.get("attempts") or 1),
-            cached=bool(d.get("cached")),
-            wall_s=d.get("wall_s"),
-            role=str(d.get("role") or "search"),
+            point=point,
+            verdict=verdict,
+            reason=typed("reason", (str,), ""),
+            outcome=typed("outcome", (dict,), None),
+            attempts=attempts,
+            cached=typed("cached", (bool,), False),
+            wall_s=typed("wall_s", (int, float), None),
+            role=role,
+            round=rnd,
         )
 
 
@@ -162,11 +191,27 @@ class SessionLog:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SessionLog":
-        """Read a log back; a torn last line (a write cut short) is ignored, anything else is an error."""
+        """Read a log back; a torn last line (a write cut short) is ignored.
+
+        Anything else that is wrong — not UTF-8, a line that is not JSON or not an object,
+        a header of another tool or version, a line of an unknown type, a field of the
+        wrong type, a verdict or role this version does not know — is one ``UsageError``
+        naming the line and saying to start afresh without ``--resume`` (or delete the log).
+        """
         p = Path(path)
         if not p.is_file():
             raise UsageError(f"no session log at {p}: nothing to resume (run without --resume to start one)")
-        raw = p.read_text()
+
+        def bad(what: str, line: int | None = None) -> UsageError:
+            where = f"{p}:{line}" if line else str(p)
+            return UsageError(f"{where}: {what}; start afresh without --resume (or delete the log)")
+
+        try:
+            raw = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad("the session log is not text (corrupted)") from None
+        except OSError as e:
+            raise UsageError(f"cannot read the session log {p}: {e.strerror or e}") from None
         lines = raw.split("\n")
         complete = lines[:-1]  # the part after the last newline is a torn write (or empty)
         header: dict[str, Any] | None = None
@@ -176,22 +221,32 @@ class SessionLog:
                 continue
             try:
                 d = json.loads(line)
-            except json.JSONDecodeError:
-                raise UsageError(f"{p}:{i}: session log line is not JSON; delete the log and start again") from None
-            if i == 1 or header is None:
+            except (json.JSONDecodeError, RecursionError):
+                raise bad("session log line is not JSON", i) from None
+            if not isinstance(d, dict):
+                raise bad(f"session log line is a JSON {type(d).__name__}, not an object", i)
+            if header is None:
                 if d.get("type") != "session":
-                    raise UsageError(f"{p}: not a reprobisect session log (first line has no session header)")
-                if int(d.get("version", 0)) > SESSION_VERSION:
-                    raise UsageError(f"{p}: session log version {d.get('version')} is newer than this reprobisect; upgrade it")
+                    raise bad("not a reprobisect session log (first line has no session header)")
+                version = d.get("version")
+                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                    raise bad(f"session log header has no valid version ({version!r})", i)
+                if version > SESSION_VERSION:
+                    raise UsageError(f"{p}: session log version {version} is newer than this reprobisect "
+                                     f"(reads {SESSION_VERSION}); upgrade it, or start afresh without --resume")
                 header = d
                 continue
-            if d.get("type") == "probe":
-                try:
-                    events.append(SessionEvent.from_json(d))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise UsageError(f"{p}:{i}: malformed probe line ({e}); delete the log and start again") from None
+            kind = d.get("type")
+            if kind == "session":
+                raise bad("a second session header (two logs written into one file)", i)
+            if kind != "probe":
+                raise bad(f"unknown line type {kind!r} (written by another version?)", i)
+            try:
+                events.append(SessionEvent.from_json(d))
+            except (KeyError, TypeError, ValueError) as e:
+                raise bad(f"malformed probe line ({e})", i) from None
         if header is None:
-            raise UsageError(f"{p}: empty session log; start again without --resume")
+            raise UsageError(f"{p}: empty session log; start afresh without --resume (or delete the log)")
         return cls(path=p, header=header, events=events)
 
     def append(self, event: SessionEvent) -> None:
@@ -216,6 +271,10 @@ class SessionLog:
     def search_events(self) -> list[tuple[str, str]]:
         """The (point, verdict) pairs of search probes, in order: what ``Bisection.replay`` takes."""
         return [(e.point, e.verdict) for e in self.events if e.role == "search"]
+
+    def search_rounds(self) -> list[dict[str, Any]]:
+        """The search probes as ``{"point", "verdict", "round"}``: replayed with their rounds."""
+        return [{"point": e.point, "verdict": e.verdict, "round": e.round} for e in self.events if e.role == "search"]
 
     def __iter__(self) -> Iterator[SessionEvent]:
         return iter(self.events)

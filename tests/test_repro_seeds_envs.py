@@ -163,11 +163,11 @@ def test_bad_input_is_one_line_exit_2(work, args, message):
 @pytest.mark.slow
 def test_repro_deterministic_then_hashseed_differ_exposes_hash_order(work):
     fixed = {"PYTHONHASHSEED": "0"}
-    p = _bisect("repro", "-j", "2", "--", "python", "train.py", "--hash-init", cwd=work, env=fixed)
+    p = _bisect("repro", "--runs", "2", "-j", "2", "--", "python", "train.py", "--hash-init", cwd=work, env=fixed)
     assert p.returncode == 0, p.stderr
     assert "deterministic: 2 runs identical" in p.stdout
     assert "PYTHONHASHSEED=0" in p.stdout  # the environment record shows what was set
-    p = _bisect("repro", "-j", "2", "--hashseed-differ", "--json", "--", "python", "train.py", "--hash-init", cwd=work, env=fixed)
+    p = _bisect("repro", "--runs", "2", "-j", "2", "--hashseed-differ", "--json", "--", "python", "train.py", "--hash-init", cwd=work, env=fixed)
     assert p.returncode == 1, p.stderr
     data = json.loads(p.stdout)
     assert data["deterministic"] is False and data["hashseeds"] == ["0", "1"]

@@ -210,6 +210,9 @@ def test_resume_after_interrupt_gives_same_answer_with_fewer_probes(linear, tmp_
     resumed = find_first_bad(_config(repo, sub="proj", cache_dir=str(cache), resume=True, recheck=False))
     assert resumed.first_bad.hash == full.first_bad.hash == repo.culprit
     assert resumed.resumed and resumed.cached >= 3
+    # rounds count the replayed ones too (a resumed session never reports "0 rounds")
+    assert resumed.replayed == 1 and resumed.rounds >= 1
+    assert f"{resumed.rounds} rounds (resumed: 1 replayed from the session log)" in str(resumed)
     assert resumed.runs < full.runs - 2  # the full search's runs less its two re-checks
     # the log continues: the interrupted session's verdict is replayed, not re-probed
     events = SessionLog.load(log_path).search_events()

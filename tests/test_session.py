@@ -119,3 +119,49 @@ def test_cache_put_get_with_trace(tmp_path):
     shutil.rmtree(cache.trace_path(k2))
     assert cache.get(k2) is None
     assert not [p for p in (tmp_path / "cache" / "results").iterdir() if p.name.startswith(".")]
+
+
+# every corruption is one UsageError that says to start afresh; only a torn LAST line is forgiven
+HEAD = '{"type": "session", "version": 1, "good": "a", "bad": "b"}\n'
+PROBE = '{"type": "probe", "point": "c1", "verdict": "good", "role": "search"}\n'
+CORRUPTIONS = {
+    "bad JSON mid-file": (HEAD + "{oops\n" + PROBE, ":2: session log line is not JSON"),
+    "header is a list": ("[1, 2]\n" + PROBE, "JSON list, not an object"),
+    "probe line is a number": (HEAD + "42\n", ":2: session log line is a JSON int"),
+    "header version is text": ('{"type": "session", "version": "one"}\n', "no valid version"),
+    "header version is zero": ('{"type": "session", "version": 0}\n', "no valid version"),
+    "point is a number": (HEAD + '{"type": "probe", "point": 123, "verdict": "good"}\n', "'point' is int 123, not str"),
+    "verdict unknown": (HEAD + '{"type": "probe", "point": "c1", "verdict": "maybe"}\n', "verdict 'maybe' is not one of"),
+    "role unknown": (HEAD + '{"type": "probe", "point": "c1", "verdict": "bad", "role": "x"}\n', "role 'x' is not one of"),
+    "attempts wrong type": (HEAD + '{"type": "probe", "point": "c1", "verdict": "bad", "attempts": "2"}\n', "'attempts' is str"),
+    "outcome wrong type": (HEAD + '{"type": "probe", "point": "c1", "verdict": "bad", "outcome": [1]}\n', "'outcome' is list"),
+    "point missing": (HEAD + '{"type": "probe", "verdict": "bad"}\n', "no 'point'"),
+    "line of another version": (HEAD + '{"type": "probe-v2", "point": "c1"}\n', "unknown line type 'probe-v2'"),
+    "two headers": (HEAD + HEAD, "a second session header"),
+    "not UTF-8": (HEAD.encode() + b"\xff\xfe\x00garbage\n", "not text"),
+    "only a torn header": ('{"type": "session", "vers', "empty session log"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_corrupted_log_is_one_line_saying_start_afresh(tmp_path, name):
+    content, message = CORRUPTIONS[name]
+    p = tmp_path / "s.jsonl"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UsageError, match=message) as info:
+        SessionLog.load(p)
+    text = str(info.value)
+    assert "\n" not in text and ("without --resume" in text or "upgrade" in text), text
+
+
+def test_only_a_torn_last_line_is_forgiven(tmp_path):
+    p = tmp_path / "s.jsonl"
+    p.write_text(HEAD + PROBE + '{"type": "probe", "point": "c2", "ver')
+    assert [e.point for e in SessionLog.load(p)] == ["c1"]
+
+
+def test_round_is_logged_and_read_back(tmp_path):
+    log = SessionLog.create(tmp_path / "s.jsonl", {"good": "a"})
+    log.append(SessionEvent(point="c1", verdict="bad", round=2))
+    back = SessionLog.load(tmp_path / "s.jsonl")
+    assert back.search_rounds() == [{"point": "c1", "verdict": "bad", "round": 2}]

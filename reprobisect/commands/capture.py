@@ -28,9 +28,10 @@ __all__ = ["command"]
 @click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before the command is killed.")
 @click.option("--stop-on-nonfinite", is_flag=True, help="End the run at the first NaN/Inf.")
 @click.option("--max-disk", type=int, default=None, help="Bound in bytes for full tensors and state.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not stream the command's output (it is kept in the trace's output.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, as_json, cmd) -> int:
+def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, quiet, as_json, cmd) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace."""
     from reprobisect.capture import CaptureConfig, capture
 
@@ -42,6 +43,7 @@ def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinit
         timeout=timeout,
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
+        quiet=quiet or as_json,  # --json: stdout is the JSON only
     )
     result = capture(list(cmd), out, config)
     if as_json:

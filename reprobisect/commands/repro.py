@@ -15,8 +15,9 @@ from reprobisect.options import ProbeOptions, probe_options, split_command
 __all__ = ["command"]
 
 
-@click.command(name="repro", epilog="Example: bisect repro --runs 2 -- python train.py --epochs 1")
-@click.option("--runs", type=int, default=2, show_default=True, help="How many runs to compare.")
+@click.command(name="repro", epilog="Example: bisect repro --runs 3 -- python train.py --epochs 1")
+@click.option("--runs", type=int, default=3, show_default=True,
+              help="How many runs to compare (2 can miss nondeterminism that shows in some runs only).")
 @click.option("--hashseed-differ", is_flag=True, help="Give each run a different PYTHONHASHSEED (exposes set-order bugs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @probe_options

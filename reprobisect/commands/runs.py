@@ -25,12 +25,14 @@ __all__ = ["command"]
 @click.option("--repeat", type=int, default=1, show_default=True, help="Run each probe R times and require agreement.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted session with the same arguments.")
 @click.option("--terms", default="good,bad", show_default=True, help="Names for before,after the change (e.g. old,new).")
+@click.option("--lock-timeout", type=float, default=0.0, show_default=True,
+              help="Seconds to wait for another session on this repository to finish (0: refuse at once).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @link_option
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, resume: bool, terms: str,
-            as_json: bool, options: ProbeOptions, cmd: tuple[str, ...]) -> int:
+            lock_timeout: float, as_json: bool, options: ProbeOptions, cmd: tuple[str, ...]) -> int:
     """Find the commit that changed (or broke) training between --good and --bad.
 
     Each commit runs in its own detached worktree; your checkout is never touched.
@@ -59,7 +61,8 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
         options = replace(options, quiet=True)
     result = find_first_bad(
         RunsConfig(good=good, bad=bad, command=tuple(argv), check=check, options=options,
-                   first_parent=first_parent, repeat=repeat, resume=resume, terms=names)  # type: ignore[arg-type]
+                   first_parent=first_parent, repeat=repeat, resume=resume, terms=names,  # type: ignore[arg-type]
+                   lock_timeout=lock_timeout)
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

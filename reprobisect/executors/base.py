@@ -71,6 +71,9 @@ class ProbeResult:
     host: str | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
+    output_tail: str = ""
+    """The end of stdout and stderr together, in the order they came (the command's
+    whole output, bounded, is ``output.log`` in the trace folder)."""
 
 
 @runtime_checkable

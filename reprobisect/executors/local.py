@@ -7,15 +7,17 @@ touched; ``spec.links`` appear there as symlinks to the user's files, unlinked f
 current folder) as it is. Each probe writes its trace straight into
 ``out_dir/<key>-a<attempt>`` so retries never share a folder.
 
-Ctrl-C: ``close()`` (also on leaving a ``with`` block by an exception) kills the process
-group of every running probe and removes every worktree this executor made.
+Ctrl-C, SIGTERM, SIGHUP (``reprobisect.interrupt``): ``close()`` (also on leaving a
+``with`` block by an exception) kills the process group of every running probe and
+removes every worktree and temporary folder this executor made. The temporary trace
+folder carries an owner file, so one left by a SIGKILL'd session is removed by the next
+executor that starts (``reprobisect.interrupt.make_temp_dir``).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,7 +59,12 @@ class LocalExecutor:
         self._cache_given = Path(cache_dir) if cache_dir else None
         self.keep = keep
         self._own_out = out_dir is None
-        self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="reprobisect-traces-"))
+        if out_dir:
+            self.out_dir = Path(out_dir)
+        else:  # marked as ours, so a SIGKILL'd session's folder is cleaned by the next start
+            from reprobisect.interrupt import make_temp_dir
+
+            self.out_dir = make_temp_dir("reprobisect-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="probe")
         self._lock = threading.Lock()
