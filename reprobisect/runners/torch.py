@@ -203,6 +203,7 @@ class _Batch:
     ids: np.ndarray | None
     tensors: list[tuple[int, fpt.Pending, torch.Tensor]]  # (index in the batch, fingerprint, tensor)
     seen_by: set[int]  # roots that ran an evaluation forward while it was pending
+    run: dict[str, Any] | None = None  # the evaluation run that first used it
 
 
 def _fingerprintable(t: torch.Tensor) -> bool:
@@ -738,10 +739,12 @@ class TorchRecorder:
         return cur
 
     def _eval_forward(self, module: torch.nn.Module) -> None:
-        self._eval_run()["forwards"] += 1
+        run = self._eval_run()
+        run["forwards"] += 1
         if self.phase is None:
             for b in self._batches:
                 b.seen_by.add(id(module))
+                b.run = b.run or run
 
     def _eval_output(self, output: Any) -> None:
         outs = self._eval_run()["outputs"]
@@ -752,8 +755,9 @@ class TorchRecorder:
                 if _fingerprintable(t) and len(outs) < _EVAL_OUTPUTS:
                     outs.append((fpt.begin(t, with_stats=False), None))
 
-    def _eval_batch(self, ids: np.ndarray | None, phase: str | None = None) -> None:
-        run = self._eval_run(phase)
+    def _eval_batch(self, ids: np.ndarray | None, phase: str | None = None, run: dict[str, Any] | None = None) -> None:
+        if run is None or not any(r is run for r in self._eval_runs):
+            run = self._eval_run(phase)
         run["batches"] += 1
         if ids is not None:
             run["ids"].append(ids)
@@ -827,7 +831,7 @@ class TorchRecorder:
         keep = []
         for b in self._batches:
             if b.seen_by:
-                self._eval_batch(b.ids, "no_grad")
+                self._eval_batch(b.ids, "no_grad", b.run)
             elif newest.get(b.it) is b:
                 keep.append(b)
             else:
@@ -1027,7 +1031,7 @@ class TorchRecorder:
         # a batch of this loader that only an evaluation used, before this one was drawn
         for b in [b for b in self._batches if b.it == id(it) and b.seen_by]:
             self._batches.remove(b)
-            self._eval_batch(b.ids, "no_grad")
+            self._eval_batch(b.ids, "no_grad", b.run)
         with torch.no_grad():
             tensors = [(i, self._begin(t), t.detach()) for i, t in enumerate(_tensors(data)) if _fingerprintable(t)]
         # whether it trains is known at the next forward (see _claim, _settle_batches)
