@@ -4,7 +4,8 @@
 
     python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
-        [--zoom-module NAME --zoom-step K]  --  script.py ARGS...  |  -- -m pkg.module ARGS...
+        [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
+        --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
 ``sys.argv`` is ``[script.py, ARGS...]``, ``sys.path[0]`` is the script's folder, it
@@ -33,11 +34,15 @@ returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
   as evidence about the program. Trace ``failed``.
 - ``nonfinite`` (4): ``--stop-on-nonfinite`` and a NaN/Inf appeared; the trace is
   ``complete`` up to and including that step and names the first non-finite record.
-- ``no_steps`` (6): the script ended without any optimizer step (it never imported torch,
-  or never called ``optimizer.step()``). Trace ``failed``.
+- ``no_steps`` (6): the script never trained: it ended without any step (it never imported
+  torch, or never called ``optimizer.step()`` nor updated a parameter after ``backward()``),
+  or it ran 100 backward passes with neither (reported then, not after the whole script).
+  The detail says what to do next. Trace ``failed``.
 
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
-arguments (``bisect seeds`` substitutes ``{seed}`` into the command).
+arguments (``bisect seeds`` substitutes ``{seed}`` into the command). Without ``--seed``
+the manifest's seed is the first ``torch.manual_seed`` the script called (``extra.
+seed_source``), or null. Evaluation after the last step is in ``extra.eval_after_last_step``.
 """
 
 from __future__ import annotations

@@ -4,27 +4,53 @@ Runs inside the user's process (the launcher installs it when the script imports
 ``reprobisect.torch.record`` installs it around explicit code). Nothing in the user's
 code changes: every observation comes from hooks PyTorch offers globally.
 
+What a step is: one optimizer update (or, in a loop without ``torch.optim``, one
+parameter update after a backward pass), with what trains into it: the batches, forward
+passes and losses that lead to it, its gradients, the parameters after it. A forward pass
+*trains* when gradients are enabled and inference mode is off (and no runner has named an
+evaluation phase); one under ``no_grad``/``inference_mode`` (validation, test, sanity
+checks, metrics, nanoGPT's ``estimate_loss``) is *evaluation*: never a record, so never a
+training divergence by itself, but summarised (below). A forward with gradients on in
+``model.eval()`` mode trains (fine-tuning with frozen batch norm does that).
+
 What is observed, and how:
 
+- ``init``: the parameters before the first update (step 0 only), at the first training
+  forward of each root, named like ``param``. First in chain order: an unseeded or
+  changed initialization is the first divergence, named as such.
 - ``batch``: ``_BaseDataLoaderIter._next_index`` is wrapped to queue the indices each
   batch was built from (FIFO per iterator, so prefetching workers with ``num_workers>0``,
   custom samplers and batch samplers all work); ``__next__`` pops them when the batch is
   handed to the loop. Records ``ids`` (int64 indices) and ``data[i]`` (each tensor of the
   batch). Indices that are not integers are left out; the content fingerprint remains.
   Assumes the loader returns batches in order (``in_order=True``, the default).
+  A batch is drawn before anyone knows whether it trains, so it is attributed lazily: drawn
+  under ``no_grad``/``inference_mode`` or in a runner's evaluation phase, it is evaluation;
+  else it waits, and the next training forward of a root claims every waiting batch that
+  root did not evaluate (a teacher's or target network's ``no_grad`` forward does not make
+  the batch evaluation). A waiting batch an evaluation forward used becomes evaluation when
+  its loader draws again, or at the step's end. With ``prefetch`` (Lightning, whose fetcher
+  draws one batch ahead) the runner claims the oldest waiting batch per loader at each
+  training batch, and the one drawn ahead waits for its step. Limits: a training batch
+  drawn inside ``no_grad`` is evaluation; an evaluation of another root (an EMA copy) on a
+  batch drawn with gradients on, right before a training forward, is claimed by it.
 - ``input`` / ``activation`` / ``output``: global module forward pre-hooks and hooks.
   A module called with no module on the call stack is a *root*; the first root seen is
   the model, named ``""`` (its submodules by their path, ``layers.0.attn``); later roots
-  (a loss module, a second model) are prefixed with their class name. The first root
-  call of a step records its tensor arguments as ``input``; the model's own result is
+  (a loss module, a second model) are prefixed with their class name. Every training
+  call of the model (each micro-batch: ``input``, ``input#1``) and a step's first root call
+  record their tensor arguments as ``input``; the model's own result is
   ``output``; every other module's result is an ``activation`` named by its path, with
   ``#k`` for its k-th repeat call in the step and ``[i]`` for the i-th tensor of a
   structured result. Each activation carries the fingerprints of its tensor inputs.
-  Forward passes with grad disabled (validation) are not recorded.
+  At most ``policy.max_records_per_step`` input/activation/output records a step; past it
+  the rest are counted (``scalars.records_dropped``) and noted, gradients and parameters
+  still recorded.
 - ``loss``: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is wrapped;
-  the tensors backward starts from are the loss (``loss``, ``loss#1`` with
-  accumulation). With a GradScaler that is the scaled loss; ``scalars.scaler_scale``
-  says by how much.
+  the tensors backward starts from are the loss, one record per backward as the script
+  computed it (``loss``, ``loss#1``, ... with accumulation, each micro-loss as passed to
+  backward, e.g. already divided by the number of micro-batches). With a GradScaler that
+  is the scaled loss; ``scalars.scaler_scale`` says by how much.
 - ``grad``: each parameter's ``.grad`` at the optimizer's step pre-hook (as it enters
   the optimizer, after any clipping). ``scalars.grad_norm`` is the total norm *before
   clipping*, from per-parameter post-accumulate-grad hooks; ``grad_norm_at_step`` the
@@ -34,8 +60,27 @@ What is observed, and how:
 - ``param`` / ``optim_state``: at the step post-hook, every parameter of the optimizer
   and every tensor in its state (``fc.weight/exp_avg``); ``scalars.lr`` per group.
 
-Scalars per step: ``loss`` (the first loss record, when it is a scalar), ``lr`` (per
-group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
+Evaluation, summarised where compare does not look for its verdict: ``scalars["eval"]``
+of the step it ran before (after the previous step), one entry per run of consecutive
+evaluation: ``phase`` (``no_grad``, ``inference_mode``, or a runner's name: Lightning's
+``sanity_check``, ``validation``, ``test``, ``predict``), ``after_step`` (None before the
+first step), ``forwards`` (root forward passes), ``batches`` and ``samples`` (DataLoader
+batches and their indices), ``ids_fingerprint`` (of the indices, in order),
+``outputs_fingerprint`` (of the first ``outputs_fingerprinted`` root outputs, at most 16).
+Evaluation after the last written step (a test after fit) goes into the manifest's
+``extra["eval_after_last_step"]``.
+
+Loops without ``torch.optim`` (an update by hand: ``p.data.add_(p.grad, alpha=-lr)``,
+``p -= lr * p.grad`` under ``no_grad``): until an optimizer step is seen, each backward
+notes the parameters that have gradients (version counter and sum); the next training
+forward (or the program's end, ``finish_manual``) that finds one of them changed ends a
+step: ``grad`` as backward left it (before any clipping the loop does), ``param`` after
+the update, ``scalars.manual_update``. Backward passes with no update accumulate into the
+step. 100 backward passes with no update and no optimizer end the run as ``no_steps``.
+
+Scalars per step: ``loss`` (the loss record when the step has one; with accumulation the
+sum of its micro-losses, which is the mean loss when each was divided by their number, and
+``losses``, each), ``lr`` (per group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
 ``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
 ``scaler_skipped`` (true on a step whose inf/NaN gradients made the GradScaler skip
 ``optimizer.step()``: the step has no ``param``/``optim_state`` records, and its
@@ -47,12 +92,14 @@ made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record ho
 NaN/Inf, in chain order).
 
 A step ends at each ``optimizer.step()`` (of any optimizer; a GAN's two optimizers
-give two steps). Records are buffered during the step, fingerprinted on the tensor's
+give two steps). ``step(closure)``: the closure's first evaluation is recorded (its
+gradients right after it); further evaluations inside the same step (LBFGS) are counted in
+``scalars.closure_evaluations``, not recorded. Records are buffered during the step, fingerprinted on the tensor's
 device as they happen (``fingerprint_torch.begin``) and brought to the host once, at the
 end of the step, then written in chain order (``KINDS``). Observers observe: everything
 is read through ``detach()`` under ``no_grad``; nothing is written back, no graph is kept.
-Known gaps: a GradScaler that skips ``optimizer.step()`` on inf folds that iteration into
-the next step; LBFGS-style closures that run forward inside ``step()`` are not split.
+The first ``torch.manual_seed`` the program calls (``seed_everything`` calls it) is kept
+as ``seed``; the launcher writes it as the manifest's seed when it was given none.
 """
 
 from __future__ import annotations
