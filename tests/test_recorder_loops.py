@@ -158,6 +158,8 @@ for i in range({iters}):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
     {update}
+    with torch.inference_mode():  # a metric after the update
+        model(x)
 np.save(sys.argv[0] + ".npy", model[2].weight.detach().numpy())
 """
 
@@ -187,6 +189,9 @@ def test_loop_without_optimizer_records_a_step_per_update(tmp_path: Path, update
     assert last["2.weight"].fingerprint == fingerprint(np.load(tmp_path / "sgd.py.npy"))
     first = {r.name: r for r in t.steps[0].records}
     assert first["2.weight"].fingerprint != last["2.weight"].fingerprint
+    assert "eval" not in t.steps[0].scalars  # the metric after update 0 is in step 1's window
+    assert [(e["phase"], e["after_step"], e["forwards"]) for e in t.steps[1].scalars["eval"]] == [("inference_mode", 0, 1)]
+    assert [(e["phase"], e["after_step"]) for e in t.manifest.extra["eval_after_last_step"]] == [("inference_mode", 1)]
 
 
 def test_backward_without_any_update_is_no_steps_early_with_what_to_do(tmp_path: Path) -> None:

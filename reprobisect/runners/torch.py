@@ -323,6 +323,7 @@ class TorchRecorder:
         self._primary_mods: set[int] = set()
         self._bw_snap: dict[int, tuple[Any, int | None, torch.Tensor]] = {}  # no optimizer: params at backward
         self._backwards_idle = 0  # backward() calls with no optimizer and no parameter update
+        self._bw_mark = 0  # evaluation runs before the last backward (a loop without an optimizer)
         self.backwards = 0
         self._quiet = 0  # inside an LBFGS closure's re-evaluation: counted, not recorded
         self._capped_noted = False
@@ -929,6 +930,7 @@ class TorchRecorder:
                 if p.grad is not None and id(p) not in self._bw_snap and p.is_floating_point():
                     self._bw_snap[id(p)] = (weakref.ref(p), _version(p), _psum(p))
         self._backwards_idle += 1
+        self._bw_mark, self._eval_cur = len(self._eval_runs), None
         if self.step == 0 and self._backwards_idle >= _IDLE_BACKWARDS:
             self._finish(StopRun("no_steps", 0, _no_update_detail(self.backwards)))
 
@@ -985,7 +987,16 @@ class TorchRecorder:
         self._bw_snap.clear()
         self._backwards_idle = 0
         self._record_s += time.perf_counter() - t0
-        self._end_step(None)
+        # evaluation after the last backward ran after this update (as far as can be told):
+        # it belongs to the next step's window, like evaluation after an optimizer step
+        late, self._eval_runs = self._eval_runs[self._bw_mark:], self._eval_runs[: self._bw_mark]
+        step = self.step
+        try:
+            self._end_step(None)
+        finally:
+            for r in late:
+                r["after_step"] = step
+            self._eval_runs, self._eval_cur, self._bw_mark = late + self._eval_runs, None, 0
 
     @_hook
     def _fwd(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
