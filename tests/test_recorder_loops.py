@@ -305,3 +305,31 @@ def test_records_per_step_are_bounded_and_lbfgs_reevaluations_counted(tmp_path: 
     assert {r.name for r in s.records if r.kind == "grad"} == {r.name for r in s.records if r.kind == "param"}
     assert len([r for r in s.records if r.kind == "param"]) == 6
     assert "--max-records-per-step" in err and "--max-records-per-step" in " ".join(t.manifest.extra["notes"])
+
+
+TEACHER = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+data = TensorDataset(torch.randn(64, 4, generator=g))
+teacher = nn.Linear(4, 2).eval()
+student = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = torch.optim.SGD(student.parameters(), lr=0.1)
+for (x,) in DataLoader(data, batch_size=8):
+    with torch.no_grad():
+        target = teacher(x)
+    loss = nn.functional.mse_loss(student(x), target)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_teachers_no_grad_forward_does_not_take_the_training_batch(tmp_path: Path) -> None:
+    t = read_trace(record(tmp_path, "kd", TEACHER, steps=2)[0])
+    for k, s in enumerate(t.steps):
+        assert s.batch_ids == list(range(8 * k, 8 * k + 8))
+        assert {(r.kind, r.name) for r in s.records} >= {("batch", "data[0]"), ("input", "input"), ("output", "output")}
+        assert [(e["forwards"], e["batches"]) for e in s.scalars["eval"]] == [(1, 0)]

@@ -11,7 +11,9 @@ passes and losses that lead to it, its gradients, the parameters after it. A for
 evaluation phase); one under ``no_grad``/``inference_mode`` (validation, test, sanity
 checks, metrics, nanoGPT's ``estimate_loss``) is *evaluation*: never a record, so never a
 training divergence by itself, but summarised (below). A forward with gradients on in
-``model.eval()`` mode trains (fine-tuning with frozen batch norm does that).
+``model.eval()`` mode trains (fine-tuning with frozen batch norm does that). A ``no_grad``
+forward inside a training iteration (a distillation teacher, a DQN target network) is
+summarised as evaluation too; what it feeds into the loss shows at ``loss``.
 
 What is observed, and how:
 
