@@ -36,7 +36,7 @@ returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
   ``complete`` up to and including that step and names the first non-finite record.
 - ``no_steps`` (6): the script never trained: it ended without any step (it never imported
   torch, or never called ``optimizer.step()`` nor updated a parameter after ``backward()``),
-  or it ran 100 backward passes with neither (reported then, not after the whole script).
+  or it ran 200 backward passes with neither (reported then, not after the whole script).
   The detail says what to do next. Trace ``failed``.
 
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
@@ -233,10 +233,9 @@ class _Run:
         if self.recorder is not None and self.recorder.stop is None:
             try:  # a loop without an optimizer: its last update ends a step only now
                 self.recorder.finish_manual()
-            except BaseException as e:  # noqa: BLE001 - StopRun at the step limit
+            except BaseException:  # noqa: BLE001 - the StopRun of the last step: already recorded
                 if self.recorder.stop is None:
                     raise
-                del e
         if self.recorder is not None and self.recorder.stop is not None and self.recorder.stop.reason == "no_steps":
             return _stop_outcome(self.recorder.stop)
         if self.recorder is not None and self.recorder.failed is not None and self.recorder.stop is not None:

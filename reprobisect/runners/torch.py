@@ -78,7 +78,8 @@ notes the parameters that have gradients (version counter and sum); the next tra
 forward (or the program's end, ``finish_manual``) that finds one of them changed ends a
 step: ``grad`` as backward left it (before any clipping the loop does), ``param`` after
 the update, ``scalars.manual_update``. Backward passes with no update accumulate into the
-step. 100 backward passes with no update and no optimizer end the run as ``no_steps``.
+step. 200 backward passes with no update and no optimizer (more than accumulation usually takes) end
+the run as ``no_steps``.
 
 Scalars per step: ``loss`` (the loss record when the step has one; with accumulation the
 sum of its micro-losses, which is the mean loss when each was divided by their number, and
@@ -729,12 +730,11 @@ class TorchRecorder:
         self._in_stack.append(None)
         if self.done or self._quiet:
             return
-        t0 = time.perf_counter()
-        if not _training() or self.phase is not None:
+        if not _training() or self.phase is not None:  # evaluation: summarised, not timed into the step
             if len(self._stack) == 1:
                 self._eval_forward(module)
-            self._record_s += time.perf_counter() - t0
             return
+        t0 = time.perf_counter()
         with torch.no_grad():
             if len(self._stack) == 1:
                 self._training_root(module, args)
@@ -1080,7 +1080,6 @@ class TorchRecorder:
                 ids = None
         if not _training() or self.phase is not None:  # drawn for evaluation: never a training batch
             self._eval_batch(ids)
-            self._record_s += time.perf_counter() - t1
             return
         if self._t0 is None:
             self._t0 = t0
@@ -1385,7 +1384,7 @@ class TorchRecorder:
 
 _EVAL_OUTPUTS = 16
 """Root outputs of one evaluation run whose fingerprints go into its summary."""
-_IDLE_BACKWARDS = 100
+_IDLE_BACKWARDS = 200
 """backward() calls with no optimizer and no parameter update after which a run is no_steps."""
 
 
