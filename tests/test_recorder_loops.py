@@ -74,6 +74,8 @@ LOOPS = {
     "draw_outside": "for vx, vy in val:\n        with torch.no_grad():\n            model(vx)",
     # inference tensors (no version counter)
     "inference_mode": "with torch.inference_mode():\n        for vx, vy in val:\n            model(vx)",
+    # no no_grad at all: model.eval() of a model that trains in train() mode
+    "eval_mode": "for vx, vy in val:\n        model(vx).sum().item()",
 }
 
 
@@ -91,7 +93,7 @@ def test_evaluation_batch_size_changes_no_training_step(tmp_path: Path, style: s
     ev = t.steps[1].scalars["eval"]
     assert len(ev) == 1 and ev[0]["after_step"] == 0 and ev[0]["samples"] == 64
     assert ev[0]["batches"] == 4 and ev[0]["forwards"] == 4 and ev[0]["outputs_fingerprint"]
-    assert ev[0]["phase"] == ("inference_mode" if style == "inference_mode" else "no_grad")
+    assert ev[0]["phase"] == {"inference_mode": "inference_mode", "eval_mode": "eval_mode"}.get(style, "no_grad")
     evb = read_trace(b).steps[1].scalars["eval"][0]
     assert evb["batches"] == 2 and evb["ids_fingerprint"] == ev[0]["ids_fingerprint"]
 
@@ -333,3 +335,14 @@ def test_a_teachers_no_grad_forward_does_not_take_the_training_batch(tmp_path: P
         assert s.batch_ids == list(range(8 * k, 8 * k + 8))
         assert {(r.kind, r.name) for r in s.records} >= {("batch", "data[0]"), ("input", "input"), ("output", "output")}
         assert [(e["forwards"], e["batches"]) for e in s.scalars["eval"]] == [(1, 0)]
+
+
+def test_training_in_eval_mode_is_still_training(tmp_path: Path) -> None:
+    """Fine-tuning with frozen batch norm trains in model.eval() mode: that is not evaluation."""
+    text = TEACHER.replace("student = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))",
+                           "student = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).eval()")
+    assert ".eval()\nopt" in text
+    t = read_trace(record(tmp_path, "frozen", text, steps=2)[0])
+    for k, s in enumerate(t.steps):
+        assert s.batch_ids == list(range(8 * k, 8 * k + 8))
+        assert {(r.kind, r.name) for r in s.records} >= {("input", "input"), ("activation", "1"), ("output", "output")}

@@ -11,7 +11,9 @@ passes and losses that lead to it, its gradients, the parameters after it. A for
 evaluation phase); one under ``no_grad``/``inference_mode`` (validation, test, sanity
 checks, metrics, nanoGPT's ``estimate_loss``) is *evaluation*: never a record, so never a
 training divergence by itself, but summarised (below). A forward with gradients on in
-``model.eval()`` mode trains (fine-tuning with frozen batch norm does that). A ``no_grad``
+``model.eval()`` mode trains (fine-tuning with frozen batch norm does that) unless the
+root has trained in ``train()`` mode before: then it is evaluation (an evaluation loop
+that forgot ``no_grad``; phase ``eval_mode``). A ``no_grad``
 forward inside a training iteration (a distillation teacher, a DQN target network) is
 summarised as evaluation too; what it feeds into the loss shows at ``loss``.
 
@@ -329,6 +331,8 @@ class TorchRecorder:
         self._bw_mark = 0  # evaluation runs before the last backward (a loop without an optimizer)
         self.backwards = 0
         self._quiet = 0  # inside an LBFGS closure's re-evaluation: counted, not recorded
+        self._train_mode_roots: set[int] = set()  # roots that trained in train() mode
+        self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
         self._capped_noted = False
         self._reset_step()
 
@@ -730,7 +734,11 @@ class TorchRecorder:
         self._in_stack.append(None)
         if self.done or self._quiet:
             return
-        if not _training() or self.phase is not None:  # evaluation: summarised, not timed into the step
+        if len(self._stack) == 1:
+            self._eval_root = None
+            if not module.training and id(module) in self._train_mode_roots and _training():
+                self._eval_root = module  # model.eval() without no_grad, of a model that trains in train()
+        if not _training() or self.phase is not None or self._eval_root is not None:  # evaluation: summarised
             if len(self._stack) == 1:
                 self._eval_forward(module)
             return
@@ -752,6 +760,8 @@ class TorchRecorder:
             if self.done:
                 return
         self.add_root(module)
+        if module.training:
+            self._train_mode_roots.add(id(module))
         self._trained = True
         self._eval_cur = None
         if not self.prefetch:
@@ -779,7 +789,8 @@ class TorchRecorder:
     def _eval_run(self, phase: str | None = None) -> dict[str, Any]:
         """The evaluation run under way (consecutive evaluation of one phase)."""
         if phase is None:
-            phase = self.phase or ("inference_mode" if torch.is_inference_mode_enabled() else "no_grad")
+            phase = self.phase or ("inference_mode" if torch.is_inference_mode_enabled()
+                                   else "no_grad" if not torch.is_grad_enabled() else "eval_mode")
         cur = self._eval_cur
         if cur is None or cur["phase"] != phase:
             cur = {"phase": phase, "after_step": self.step - 1 if self.step else None, "forwards": 0, "batches": 0,
@@ -1014,9 +1025,10 @@ class TorchRecorder:
                     break
         if self.done or self._quiet or output is None:
             return
-        if not _training() or self.phase is not None:
+        if not _training() or self.phase is not None or self._eval_root is not None:
             if not self._stack:
                 self._eval_output(output)
+                self._eval_root = None
             return
         t0 = time.perf_counter()
         with torch.no_grad():
