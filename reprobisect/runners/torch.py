@@ -37,7 +37,9 @@ What is observed, and how:
   draws one batch ahead) the runner claims the oldest waiting batch per loader at each
   training batch, and the one drawn ahead waits for its step. Limits: a training batch
   drawn inside ``no_grad`` is evaluation; an evaluation of another root (an EMA copy) on a
-  batch drawn with gradients on, right before a training forward, is claimed by it.
+  batch drawn with gradients on, right before a training forward, is claimed by it; a
+  loader wrapper that draws ahead without telling (Accelerate's ``DataLoaderShard``) puts
+  the batch drawn ahead into the step it was drawn in.
 - ``input`` / ``activation`` / ``output``: global module forward pre-hooks and hooks.
   A module called with no module on the call stack is a *root*; the first root seen is
   the model, named ``""`` (its submodules by their path, ``layers.0.attn``); later roots
