@@ -14,7 +14,10 @@ global module, optimizer and DataLoader hooks) for the duration of the block, wi
 ``model`` as the root whose submodule paths name the records. It records the first
 ``steps`` optimizer steps, then goes quiet (it never stops your loop), and seals the
 trace when the block ends: ``complete`` with outcome ok (or ``nonfinite``), ``failed``
-with outcome ``crashed`` when the block raises, ``no_steps`` when no step happened.
+with outcome ``crashed`` when the block raises, ``no_steps`` when no step happened. A step
+is what ``reprobisect.runners.torch`` says: an optimizer step, or, in a loop that updates
+parameters by hand, that update (the last one ends its step when the block ends);
+evaluation under ``no_grad`` is summarised in ``scalars["eval"]``, never a step's records.
 While the block runs the hooks are process-wide: another model trained inside it is
 recorded too.
 
@@ -68,6 +71,7 @@ def record(
     state_steps: Sequence[int] = (),
     stop_on_nonfinite: bool = False,
     max_disk: int | None = None,
+    max_records_per_step: int = 20000,
     seed: Any = None,
     command: Sequence[str] | None = None,
 ) -> Iterator[TorchRecorder]:
@@ -84,6 +88,7 @@ def record(
         state_steps=tuple(state_steps),
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
+        max_records_per_step=max_records_per_step,
     )
     writer = TraceWriter(
         trace,
@@ -113,11 +118,15 @@ def record(
         )
         _seal(writer, rec, outcome)
         raise
+    rec.finish_manual()  # a loop without an optimizer: its last update ends its step here
     rec.remove()
     if rec.stop is not None and rec.stop.reason == "nonfinite":
         outcome = Outcome("nonfinite", detail=rec.stop.detail, step=rec.stop.step)
     elif writer.steps_written == 0:
-        outcome = Outcome("no_steps", detail="no optimizer step ran inside reprobisect.torch.record()")
+        from reprobisect.runners.torch import _no_update_detail
+
+        outcome = Outcome("no_steps", detail="no step ran inside reprobisect.torch.record(): "
+                                             + _no_update_detail(rec.backwards))
     else:
         outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
     _seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
@@ -145,6 +154,9 @@ def _seal(writer: Any, rec: TorchRecorder, outcome: Outcome) -> None:
         extra["notes"] = list(rec.notes)
     if rec.first_nonfinite is not None:
         extra["first_nonfinite"] = {"step": rec.first_nonfinite[0], "record": rec.first_nonfinite[1]}
+    tail = rec.evaluation_after_last_step()
+    if tail:
+        extra["eval_after_last_step"] = tail
     status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
     writer.close(status, outcome=outcome.to_json(), error=None if status == "complete" else str(outcome),
                  environment=env, extra=extra)

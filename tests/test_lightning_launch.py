@@ -94,3 +94,56 @@ def test_lightning_without_the_launcher_gets_no_callback(tmp_path: Path) -> None
 
     assert any(ep.value == "reprobisect.runners.lightning:callbacks"
                for ep in entry_points(group="lightning.pytorch.callbacks_factory")), "entry point not installed"
+
+
+EVAL_SCRIPT = SCRIPT.replace(
+    "        return nn.functional.cross_entropy(self.body(x), y)\n",
+    "        return nn.functional.cross_entropy(self.body(x), y)\n\n"
+    "    def validation_step(self, batch, batch_idx):\n"
+    "        x, y = batch\n"
+    "        self.log('val_loss', nn.functional.cross_entropy(self.body(x), y))\n\n"
+    "    def test_step(self, batch, batch_idx):\n"
+    "        x, y = batch\n"
+    "        self.log('test_loss', nn.functional.cross_entropy(self.body(x), y))\n",
+).replace(
+    "    trainer = L.Trainer(max_steps=6,",
+    "    import sys\n    vbs = int(sys.argv[1])\n    trainer = L.Trainer(max_steps=3, val_check_interval=2,",
+).replace(
+    "    trainer.fit(Net(), DataLoader(data, batch_size=16, shuffle=True, generator=g))",
+    "    net = Net()\n"
+    "    trainer.fit(net, DataLoader(data, batch_size=16, shuffle=True, generator=g), DataLoader(data, batch_size=vbs))\n"
+    "    trainer.test(net, DataLoader(data, batch_size=vbs))",
+)
+
+
+@pytest.mark.slow
+def test_lightning_sanity_check_validation_and_test_are_evaluation(tmp_path: Path) -> None:
+    """Sanity check, validation every 2 steps and a test after fit (inference tensors) never
+    enter a training step: changing only their batch size changes no record. Training ends
+    within the recorded steps: outcome ok. The seed_everything seed reaches the manifest."""
+    from reprobisect.compare import compare_traces
+
+    assert "validation_step" in EVAL_SCRIPT and "trainer.test" in EVAL_SCRIPT
+    script = tmp_path / "train_eval.py"
+    script.write_text(EVAL_SCRIPT)
+    traces = []
+    for vbs in (8, 32):
+        out = tmp_path / f"v{vbs}.trace"
+        proc = subprocess.run(
+            [sys.executable, "-m", "reprobisect.runners.launch", "--trace", str(out), "--steps", "5", "--", str(script), str(vbs)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        traces.append(read_trace(out))
+    a, b = traces
+    c = compare_traces(a, b)
+    assert c, str(c)
+    assert a.manifest.outcome["status"] == "ok" and [s.step for s in a.steps] == [0, 1, 2]
+    assert a.manifest.seed == 0
+    ids = [i for s in a.steps for i in s.batch_ids]
+    assert all(len(s.batch_ids) == 16 for s in a.steps) and len(set(ids)) == 48  # no batch twice, none from eval
+    phases = [(s.step, e["phase"], e["after_step"], e["batches"]) for s in a.steps for e in s.scalars.get("eval", [])]
+    assert phases == [(0, "sanity_check", None, 2), (2, "validation", 1, 8)]
+    tail = a.manifest.extra["eval_after_last_step"]
+    assert [(e["phase"], e["after_step"], e["samples"]) for e in tail] == [("test", 2, 64)]
+    assert b.steps[2].scalars["eval"][0]["batches"] == 2

@@ -83,18 +83,25 @@ def test_same_script_twice_is_bitwise_identical(tmp_path: Path) -> None:
     assert c, str(c)
     t = read_trace(a)
     kinds = [r.kind for r in t.steps[0].records]
-    assert kinds == sorted(kinds, key=["batch", "input", "activation", "output", "loss", "grad", "param", "optim_state"].index)
+    assert kinds == sorted(kinds, key=["init", "batch", "input", "activation", "output", "loss", "grad", "param", "optim_state"].index)
     names = {r.name for r in t.steps[0].records}
     assert {"ids", "data[0]", "data[1]", "input", "body.0", "head", "output", "loss", "head.weight", "head.weight/exp_avg"} <= names
+    assert kinds[0] == "init" and "init" not in {r.kind for r in t.steps[1].records}
     s = t.steps[0].scalars
     assert s["lr"] == [1e-3] and s["grad_norm"] > 0 and s["no_gradients"] is False and s["loss"] > 0
     assert s["data_wait_s"] >= 0 and s["compute_s"] >= 0
 
 
 def test_changed_init_scale_is_named_at_that_layer_step_zero(tmp_path: Path) -> None:
+    """The initial parameters come first in the chain (kind ``init``); the forward pass then
+    diverges first at the layer whose weight changed."""
     a = record([str(script(tmp_path, "good"))], tmp_path / "a")
     b = record([str(script(tmp_path, "bad", init="model[3].weight.mul_(1.5)"))], tmp_path / "b")
-    d = first(a, b)
+    c = compare_traces(read_trace(a), read_trace(b))
+    assert not c
+    d = c.first
+    assert (d.step, d.kind, d.name) == (0, "init", "3.weight")
+    d = next(x for x in c.next if x.kind != "init")
     assert (d.step, d.kind, d.name, d.module) == (0, "activation", "3", "Linear")
     assert d.origin
 
@@ -175,7 +182,7 @@ def test_repeat_calls_structured_outputs_and_accumulation(tmp_path: Path) -> Non
     names = [r.name for r in t.steps[0].records]
     assert names.count("shared") == 1 and "shared#1" in names and "shared#2" in names and "shared#3" in names
     assert {"split[0]", "split[1]", "split[2]", "split#1[0]"} <= set(names)
-    assert {"output", "output#1", "loss", "loss#1", "input", "input#1"} - {"input#1"} <= set(names)
+    assert {"output", "output#1", "loss", "loss#1", "input", "input#1"} <= set(names)  # each micro-batch
     shared = {r.name: r for r in t.steps[0].records}
     assert shared["shared#1"].inputs == (shared["shared"].fingerprint,)
 
@@ -311,8 +318,11 @@ def test_state_captured_by_the_launcher_resumes_bitwise(tmp_path: Path) -> None:
     ta, tb = read_trace(a), read_trace(tmp_path / "b")
     for k in (0, 1):
         ra = [(r.kind, r.name, r.fingerprint) for r in ta.steps[2 + k].records]
-        rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records]
+        rb = [(r.kind, r.name, r.fingerprint) for r in tb.steps[k].records if r.kind != "init"]
         assert ra == rb, f"resumed step {2 + k} differs"
+    # the resumed trace's initial parameters are the restored ones: A's after step 1
+    init_b = [(r.name, r.fingerprint) for r in tb.steps[0].records if r.kind == "init"]
+    assert init_b == [(r.name, r.fingerprint) for r in ta.steps[1].records if r.kind == "param"]
     assert ta.steps[3].batch_ids == tb.steps[1].batch_ids
 
 

@@ -172,7 +172,7 @@ def test_repro_deterministic_then_hashseed_differ_exposes_hash_order(work):
     data = json.loads(p.stdout)
     assert data["deterministic"] is False and data["hashseeds"] == ["0", "1"]
     first = data["comparisons"][0]["first"]
-    assert first["step"] == 0 and first["kind"] == "activation" and first["name"] == "0"  # init of the first Linear
+    assert first["step"] == 0 and first["kind"] == "init" and first["name"] == "0.weight"  # init of the first Linear
 
 
 def test_repro_library_reports_a_crash_as_probe_error(work):

@@ -4,7 +4,8 @@
 
     python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
-        [--zoom-module NAME --zoom-step K]  --  script.py ARGS...  |  -- -m pkg.module ARGS...
+        [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
+        --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
 ``sys.argv`` is ``[script.py, ARGS...]``, ``sys.path[0]`` is the script's folder, it
@@ -33,11 +34,15 @@ returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
   as evidence about the program. Trace ``failed``.
 - ``nonfinite`` (4): ``--stop-on-nonfinite`` and a NaN/Inf appeared; the trace is
   ``complete`` up to and including that step and names the first non-finite record.
-- ``no_steps`` (6): the script ended without any optimizer step (it never imported torch,
-  or never called ``optimizer.step()``). Trace ``failed``.
+- ``no_steps`` (6): the script never trained: it ended without any step (it never imported
+  torch, or never called ``optimizer.step()`` nor updated a parameter after ``backward()``),
+  or it ran 200 backward passes with neither (reported then, not after the whole script).
+  The detail says what to do next. Trace ``failed``.
 
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
-arguments (``bisect seeds`` substitutes ``{seed}`` into the command).
+arguments (``bisect seeds`` substitutes ``{seed}`` into the command). Without ``--seed``
+the manifest's seed is the first ``torch.manual_seed`` the script called (``extra.
+seed_source``), or null. Evaluation after the last step is in ``extra.eval_after_last_step``.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default=None, help="the seed this run uses (recorded in the manifest)")
     p.add_argument("--zoom-module", default=None, help="module whose aten ops are recorded at --zoom-step")
     p.add_argument("--zoom-step", type=int, default=None, help="step of the op-level zoom")
+    p.add_argument("--max-records-per-step", type=int, default=20000,
+                   help="bound on a step's forward records; past it activations are counted, not recorded (default 20000)")
     return p
 
 
@@ -159,6 +166,7 @@ class _Run:
             "max_disk": ns.max_disk,
             "zoom_module": ns.zoom_module,
             "zoom_step": ns.zoom_step,
+            "max_records_per_step": ns.max_records_per_step,
         }
         from reprobisect.runners.environment import revision_of
 
@@ -183,6 +191,7 @@ class _Run:
             max_disk=ns.max_disk,
             zoom_module=ns.zoom_module,
             zoom_step=ns.zoom_step,
+            max_records_per_step=ns.max_records_per_step,
         )
         self.recorder = TorchRecorder(self.writer, policy, stop_at_limit=True).install()
         from reprobisect import native
@@ -224,14 +233,24 @@ class _Run:
         return self._ended()
 
     def _ended(self, how: str = "ended") -> Outcome:
+        if self.recorder is not None and self.recorder.stop is None:
+            try:  # a loop without an optimizer: its last update ends a step only now
+                self.recorder.finish_manual()
+            except BaseException:  # noqa: BLE001 - the StopRun of the last step: already recorded
+                if self.recorder.stop is None:
+                    raise
+        if self.recorder is not None and self.recorder.stop is not None and self.recorder.stop.reason == "no_steps":
+            return _stop_outcome(self.recorder.stop)
         if self.recorder is not None and self.recorder.failed is not None and self.recorder.stop is not None:
             return _stop_outcome(self.recorder.stop)  # the program ended before the recorder could stop it
         if self.steps_done == 0:
             if self.recorder is None:
-                why = "it never imported torch (no supported framework)"
+                why = "it never imported torch (no supported framework); nothing to compare"
             else:
-                why = "it never called optimizer.step()"
-            return Outcome("no_steps", detail=f"the command {how} without an optimizer step: {why}; nothing to compare")
+                from reprobisect.runners.torch import _no_update_detail
+
+                why = _no_update_detail(self.recorder.backwards)
+            return Outcome("no_steps", detail=f"the command {how} without an optimizer step: {why}")
         detail = f"recorded {self.steps_done} step(s)"
         if self.steps_done < self.ns.steps:
             detail += f"; the command {how} before --steps {self.ns.steps}"
@@ -284,6 +303,17 @@ class _Run:
         if self.recorder is not None and self.recorder.first_nonfinite is not None:
             step, what = self.recorder.first_nonfinite
             extra["first_nonfinite"] = {"step": step, "record": what}
+        seed = self.ns.seed
+        if self.recorder is not None:
+            try:
+                tail = self.recorder.evaluation_after_last_step()
+            except Exception as e:  # the trace must still be sealed
+                tail = [{"error": f"{type(e).__name__}: {e}"}]
+            if tail:
+                extra["eval_after_last_step"] = tail
+            if seed is None and self.recorder.seed is not None:
+                seed = self.recorder.seed  # the script's own torch.manual_seed / seed_everything
+                extra["seed_source"] = "torch.manual_seed"
         outcome = Outcome(
             outcome.status,
             detail=outcome.detail,
@@ -299,6 +329,7 @@ class _Run:
             error=None if status == "complete" else str(outcome),
             environment=environment,
             extra=extra,
+            seed=seed,
         )
         self.outcome = outcome
 
@@ -321,8 +352,8 @@ class _Run:
 def _stop_outcome(stop: Any) -> Outcome:
     """How a run the recorder stopped ended: ``ok``, ``nonfinite``, or ``infra`` when the
     recorder itself failed (never the program's crash: see runners.torch._hook)."""
-    status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra"}[stop.reason]
-    return Outcome(status, detail=stop.detail, step=None if status == "ok" else stop.step,
+    status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra", "no_steps": "no_steps"}[stop.reason]
+    return Outcome(status, detail=stop.detail, step=None if status in ("ok", "no_steps") else stop.step,
                    traceback=getattr(stop, "traceback", None) if status == "infra" else None)
 
 

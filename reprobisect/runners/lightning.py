@@ -7,6 +7,12 @@ The callback makes the LightningModule the model (names match its ``state_dict``
 and records the Trainer's settings that change numerics (precision, gradient
 accumulation, clipping, strategy, devices) in the trace's environment.
 
+It also names what the global hooks cannot tell apart: the sanity check, validation, test
+and predict loops set the recorder's ``phase`` (their batches and forward passes are
+evaluation, summarised in ``scalars["eval"]``, never a training step's records), and
+``on_train_batch_start`` says which drawn batch trains now: Lightning's fetcher draws one
+batch ahead, so the batch drawn last belongs to the next step (``recorder.prefetch``).
+
 It reaches an unmodified script through Lightning's external-callback entry points
 (``lightning.pytorch.callbacks_factory``, ``pytorch_lightning.callbacks_factory``), which
 Lightning reads for EVERY Trainer in every environment where reprobisect is installed.
@@ -76,12 +82,49 @@ def make_callback(recorder: Any) -> Any:
     def set_settings(trainer: Any) -> None:
         recorder.environment_extra["lightning"] = _trainer_settings(trainer)
 
+    def set_phase(phase: str | None, *, only_from: tuple[str | None, ...] | None = None) -> None:
+        if only_from is None or recorder.phase in only_from:
+            recorder.phase = phase
+
+    def prefetching() -> None:
+        recorder.prefetch = True
+
     class ReprobisectCallback(_callback_base()):  # type: ignore[misc]
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if stage == "fit":
                 recorder.guarded("lightning_setup", recorder.set_model, pl_module)
+            recorder.guarded("lightning_setup", prefetching)
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             recorder.guarded("lightning_fit_start", set_settings, trainer)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if not recorder.done:
+                recorder.guarded("lightning_train_batch_start", recorder.claim_next)
+
+        # evaluation loops: the sanity check runs the validation loop (its hooks keep its name)
+        def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+            set_phase("sanity_check")
+
+        def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+            set_phase(None)
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            set_phase("validation", only_from=(None,))
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            set_phase(None, only_from=("validation",))
+
+        def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+            set_phase("test")
+
+        def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+            set_phase(None)
+
+        def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+            set_phase("predict")
+
+        def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+            set_phase(None)
 
     return ReprobisectCallback()

@@ -4,27 +4,59 @@ Runs inside the user's process (the launcher installs it when the script imports
 ``reprobisect.torch.record`` installs it around explicit code). Nothing in the user's
 code changes: every observation comes from hooks PyTorch offers globally.
 
+What a step is: one optimizer update (or, in a loop without ``torch.optim``, one
+parameter update after a backward pass), with what trains into it: the batches, forward
+passes and losses that lead to it, its gradients, the parameters after it. A forward pass
+*trains* when gradients are enabled and inference mode is off (and no runner has named an
+evaluation phase); one under ``no_grad``/``inference_mode`` (validation, test, sanity
+checks, metrics, nanoGPT's ``estimate_loss``) is *evaluation*: never a record, so never a
+training divergence by itself, but summarised (below). A forward with gradients on in
+``model.eval()`` mode trains (fine-tuning with frozen batch norm does that) unless the
+root has trained in ``train()`` mode before: then it is evaluation (an evaluation loop
+that forgot ``no_grad``; phase ``eval_mode``). A ``no_grad``
+forward inside a training iteration (a distillation teacher, a DQN target network) is
+summarised as evaluation too; what it feeds into the loss shows at ``loss``.
+
 What is observed, and how:
 
+- ``init``: the parameters before the first update (step 0 only), at the first training
+  forward of each root, named like ``param``. First in chain order: an unseeded or
+  changed initialization is the first divergence, named as such.
 - ``batch``: ``_BaseDataLoaderIter._next_index`` is wrapped to queue the indices each
   batch was built from (FIFO per iterator, so prefetching workers with ``num_workers>0``,
   custom samplers and batch samplers all work); ``__next__`` pops them when the batch is
   handed to the loop. Records ``ids`` (int64 indices) and ``data[i]`` (each tensor of the
   batch). Indices that are not integers are left out; the content fingerprint remains.
   Assumes the loader returns batches in order (``in_order=True``, the default).
+  A batch is drawn before anyone knows whether it trains, so it is attributed lazily: drawn
+  under ``no_grad``/``inference_mode`` or in a runner's evaluation phase, it is evaluation;
+  else it waits, and the next training forward of a root claims every waiting batch that
+  root did not evaluate (a teacher's or target network's ``no_grad`` forward does not make
+  the batch evaluation). A waiting batch an evaluation forward used becomes evaluation when
+  its loader draws again, or at the step's end. With ``prefetch`` (Lightning, whose fetcher
+  draws one batch ahead) the runner claims the oldest waiting batch per loader at each
+  training batch, and the one drawn ahead waits for its step. Limits: a training batch
+  drawn inside ``no_grad`` is evaluation; an evaluation of another root (an EMA copy) on a
+  batch drawn with gradients on, right before a training forward, is claimed by it; a
+  loader wrapper that draws ahead without telling (Accelerate's ``DataLoaderShard``) puts
+  the batch drawn ahead into the step it was drawn in.
 - ``input`` / ``activation`` / ``output``: global module forward pre-hooks and hooks.
   A module called with no module on the call stack is a *root*; the first root seen is
   the model, named ``""`` (its submodules by their path, ``layers.0.attn``); later roots
-  (a loss module, a second model) are prefixed with their class name. The first root
-  call of a step records its tensor arguments as ``input``; the model's own result is
+  (a loss module, a second model) are prefixed with their class name. Every training
+  call of the model (each micro-batch: ``input``, ``input#1``) and a step's first root call
+  record their tensor arguments as ``input``; the model's own result is
   ``output``; every other module's result is an ``activation`` named by its path, with
   ``#k`` for its k-th repeat call in the step and ``[i]`` for the i-th tensor of a
   structured result. Each activation carries the fingerprints of its tensor inputs.
-  Forward passes with grad disabled (validation) are not recorded.
+  At most ``policy.max_records_per_step`` input/activation/output records a step; past it
+  the rest are counted (``scalars.records_dropped``) and noted, gradients and parameters
+  still recorded.
 - ``loss``: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is wrapped;
-  the tensors backward starts from are the loss (``loss``, ``loss#1`` with
-  accumulation). With a GradScaler that is the scaled loss; ``scalars.scaler_scale``
-  says by how much.
+  the tensors backward starts from are the loss, one record per backward as the script
+  computed it (``loss``, ``loss#1``, ... with accumulation, each micro-loss as passed to
+  backward, e.g. already divided by the number of micro-batches). With a GradScaler that
+  is the scaled loss; ``scalars.scaler_scale`` says by how much.
 - ``grad``: each parameter's ``.grad`` at the optimizer's step pre-hook (as it enters
   the optimizer, after any clipping). ``scalars.grad_norm`` is the total norm *before
   clipping*, from per-parameter post-accumulate-grad hooks; ``grad_norm_at_step`` the
@@ -34,8 +66,28 @@ What is observed, and how:
 - ``param`` / ``optim_state``: at the step post-hook, every parameter of the optimizer
   and every tensor in its state (``fc.weight/exp_avg``); ``scalars.lr`` per group.
 
-Scalars per step: ``loss`` (the first loss record, when it is a scalar), ``lr`` (per
-group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
+Evaluation, summarised where compare does not look for its verdict: ``scalars["eval"]``
+of the step it ran before (after the previous step), one entry per run of consecutive
+evaluation: ``phase`` (``no_grad``, ``inference_mode``, or a runner's name: Lightning's
+``sanity_check``, ``validation``, ``test``, ``predict``), ``after_step`` (None before the
+first step), ``forwards`` (root forward passes), ``batches`` and ``samples`` (DataLoader
+batches and their indices), ``ids_fingerprint`` (of the indices, in order),
+``outputs_fingerprint`` (of the first ``outputs_fingerprinted`` root outputs, at most 16).
+Evaluation after the last written step (a test after fit) goes into the manifest's
+``extra["eval_after_last_step"]``.
+
+Loops without ``torch.optim`` (an update by hand: ``p.data.add_(p.grad, alpha=-lr)``,
+``p -= lr * p.grad`` under ``no_grad``): until an optimizer step is seen, each backward
+notes the parameters that have gradients (version counter and sum); the next training
+forward (or the program's end, ``finish_manual``) that finds one of them changed ends a
+step: ``grad`` as backward left it (before any clipping the loop does), ``param`` after
+the update, ``scalars.manual_update``. Backward passes with no update accumulate into the
+step. 200 backward passes with no update and no optimizer (more than accumulation usually takes) end
+the run as ``no_steps``.
+
+Scalars per step: ``loss`` (the loss record when the step has one; with accumulation the
+sum of its micro-losses, which is the mean loss when each was divided by their number, and
+``losses``, each), ``lr`` (per group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
 ``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
 ``scaler_skipped`` (true on a step whose inf/NaN gradients made the GradScaler skip
 ``optimizer.step()``: the step has no ``param``/``optim_state`` records, and its
@@ -47,12 +99,14 @@ made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record ho
 NaN/Inf, in chain order).
 
 A step ends at each ``optimizer.step()`` (of any optimizer; a GAN's two optimizers
-give two steps). Records are buffered during the step, fingerprinted on the tensor's
+give two steps). ``step(closure)``: the closure's first evaluation is recorded (its
+gradients right after it); further evaluations inside the same step (LBFGS) are counted in
+``scalars.closure_evaluations``, not recorded. Records are buffered during the step, fingerprinted on the tensor's
 device as they happen (``fingerprint_torch.begin``) and brought to the host once, at the
 end of the step, then written in chain order (``KINDS``). Observers observe: everything
 is read through ``detach()`` under ``no_grad``; nothing is written back, no graph is kept.
-Known gaps: a GradScaler that skips ``optimizer.step()`` on inf folds that iteration into
-the next step; LBFGS-style closures that run forward inside ``step()`` are not split.
+The first ``torch.manual_seed`` the program calls (``seed_everything`` calls it) is kept
+as ``seed``; the launcher writes it as the manifest's seed when it was given none.
 """
 
 from __future__ import annotations
@@ -100,6 +154,9 @@ class RecordPolicy:
     """Module whose aten ops are recorded at ``zoom_step`` (op-level zoom)."""
     zoom_step: int | None = None
     """Step of the op-level zoom."""
+    max_records_per_step: int = 20000
+    """Bound on the forward records (input/activation/output) of one step; past it the
+    step's remaining activations are counted, not recorded (noted in the trace)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +168,7 @@ class RecordPolicy:
             "stats": self.stats,
             "zoom_module": self.zoom_module,
             "zoom_step": self.zoom_step,
+            "max_records_per_step": self.max_records_per_step,
         }
 
 
@@ -123,7 +181,7 @@ class StopRun(BaseException):
 
     def __init__(self, reason: str, step: int, detail: str = "", traceback: str | None = None) -> None:
         super().__init__(f"reprobisect: {reason} at step {step}")
-        self.reason = reason  # ok | nonfinite | recorder_error
+        self.reason = reason  # ok | nonfinite | recorder_error | no_steps
         self.step = step
         self.detail = detail
         self.traceback = traceback
@@ -174,6 +232,32 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     except Exception:
         return []
     return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for a tensor without one (an inference tensor)."""
+    if t.is_inference():
+        return None
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _training() -> bool:
+    """Whether a forward pass now can train: gradients on, not inference mode."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+@dataclass
+class _Batch:
+    """A batch drawn with gradients enabled, not yet known to train (see ``_claim``)."""
+
+    it: int  # id of its DataLoader iterator
+    ids: np.ndarray | None
+    tensors: list[tuple[int, fpt.Pending, torch.Tensor]]  # (index in the batch, fingerprint, tensor)
+    seen_by: set[int]  # roots that ran an evaluation forward while it was pending
+    run: dict[str, Any] | None = None  # the evaluation run that first used it
 
 
 def _fingerprintable(t: torch.Tensor) -> bool:
@@ -235,6 +319,23 @@ class TorchRecorder:
         self._zoom: Any = None
         self.environment_extra: dict[str, Any] = {}  # merged into the trace's environment (Lightning's settings)
         self.failed: str | None = None  # the recorder's own failure, if any (see _hook)
+        self.phase: str | None = None  # an evaluation phase a runner names (Lightning's "validation")
+        self.prefetch = False  # the loop draws one batch ahead (Lightning's fetcher): carry it over
+        self.seed: Any = None  # the first torch.manual_seed() the script called
+        self._opt_seen = False  # an optimizer step (or a GradScaler's skip) has happened
+        self._batches: list[_Batch] = []  # drawn, not yet known to train
+        self._eval_runs: list[dict[str, Any]] = []  # evaluation since the last step ended
+        self._eval_cur: dict[str, Any] | None = None
+        self._init_roots: set[int] = set()
+        self._primary_mods: set[int] = set()
+        self._bw_snap: dict[int, tuple[Any, int | None, torch.Tensor]] = {}  # no optimizer: params at backward
+        self._backwards_idle = 0  # backward() calls with no optimizer and no parameter update
+        self._bw_mark = 0  # evaluation runs before the last backward (a loop without an optimizer)
+        self.backwards = 0
+        self._quiet = 0  # inside an LBFGS closure's re-evaluation: counted, not recorded
+        self._train_mode_roots: set[int] = set()  # roots that trained in train() mode
+        self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
+        self._capped_noted = False
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -244,13 +345,17 @@ class TorchRecorder:
         self._occ: dict[tuple[str, str], int] = {}
         self._cache: dict[int, tuple[torch.Tensor, int, fpt.Pending]] = {}
         self._batch_ids: list[int] | None = None
-        self._grad_seen: dict[int, tuple[Any, int, fpt.Pending | torch.Tensor]] = {}
+        self._grad_seen: dict[int, tuple[Any, int | None, fpt.Pending | torch.Tensor, fpt.Pending | None]] = {}
         self._pre_clip: list[fpt.Pending | torch.Tensor] = []
         self._data_wait = 0.0
         self._record_s = 0.0
         self._t0: float | None = None
         self._inputs_done = False
         self._outputs_seen = 0
+        self._trained = False  # a training forward of a root ran in this step
+        self._fwd_records = 0
+        self._dropped = 0
+        self._closure_evals = 0
         self._full = self.step in self.policy.full_steps
         self._full_bytes = 0
         self._scalars: dict[str, Any] = {}
@@ -263,19 +368,26 @@ class TorchRecorder:
     def _begin(self, t: torch.Tensor) -> fpt.Pending:
         # keyed by the tensor object the hooks see (weakly: no graph is kept alive), and
         # its version counter, so an in-place change is fingerprinted again
+        # (an inference tensor has no version counter: never cached)
+        v = _version(t)
         hit = self._cache.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
+        if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
             return hit[2]
         p = fpt.begin(t, with_stats=self.policy.stats)
-        self._cache[id(t)] = (weakref.ref(t), t._version, p)
+        if v is not None:
+            self._cache[id(t)] = (weakref.ref(t), v, p)
         return p
 
-    def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None) -> fpt.Pending | None:
+    def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None,
+             fresh: bool = False) -> fpt.Pending | None:
         if not _fingerprintable(t):
+            return None
+        if kind in ("input", "output") and not self._room():
             return None
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        pending = self._begin(t)
+        # fresh: not from the cache (a ``p.data`` update changes values, not the version)
+        pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
         t = t.detach()
         e = _Entry(kind=kind, name=self._unique(kind, base), pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
@@ -285,7 +397,8 @@ class TorchRecorder:
         return pending
 
     def _keep_array(self, e: _Entry, t: torch.Tensor) -> None:
-        nbytes = t.numel() * t.element_size()
+        # its bytes and its share of the shard's header (name, dtype, shape, offsets)
+        nbytes = t.numel() * t.element_size() + len(e.kind) + len(e.name) + 96
         budget = self.policy.max_disk
         if budget is not None and self._disk_used + self._full_bytes + nbytes > budget:
             if self._full:
@@ -327,6 +440,7 @@ class TorchRecorder:
         self._wrap_backward()
         self._wrap_scaler()
         self._wrap_schedulers()
+        self._wrap_seed()
         if self.policy.zoom_module is not None and self.policy.zoom_step is not None:
             self._install_zoom()
         self._installed = True
@@ -406,7 +520,10 @@ class TorchRecorder:
         def backward(tensors, *args, **kwargs):
             if not rec.done:
                 rec._add_losses(tensors)
-            return orig(tensors, *args, **kwargs)
+            out = orig(tensors, *args, **kwargs)
+            if not rec.done:
+                rec._after_backward()
+            return out
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
         self._patch(autograd, "backward", backward)
@@ -439,8 +556,31 @@ class TorchRecorder:
         self._patch(cls, "scale", scale)
         self._patch(cls, "step", step)
 
+    def _wrap_seed(self) -> None:
+        """Note the first ``torch.manual_seed`` (Lightning's ``seed_everything`` calls it):
+        the manifest's seed when the launcher was given none. Reads the argument only."""
+        import torch.random as trandom
+
+        orig = trandom.__dict__["manual_seed"]
+        rec = self
+
+        @functools.wraps(orig)
+        def manual_seed(seed, *args, **kwargs):
+            if rec.seed is None:
+                try:
+                    rec.seed = int(seed)
+                except (TypeError, ValueError):
+                    pass
+            return orig(seed, *args, **kwargs)
+
+        self._patch(trandom, "manual_seed", manual_seed)
+        if torch.__dict__.get("manual_seed") is orig:
+            self._patch(torch, "manual_seed", manual_seed)
+
     @_hook
     def _add_losses(self, tensors: Any) -> None:
+        if self._quiet:
+            return
         t0 = time.perf_counter()
         for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
             if isinstance(t, torch.Tensor):
@@ -449,6 +589,7 @@ class TorchRecorder:
 
     @_hook
     def _skipped_step(self, opt: torch.optim.Optimizer) -> None:
+        self._opt_seen = True
         self._optimizers.add(opt)
         self._record_grads(opt)  # the non-finite gradients that made the scaler skip
         self._scalars["scaler_skipped"] = True
@@ -492,6 +633,7 @@ class TorchRecorder:
         if self._primary is None:
             prefix = ""
             self._primary = id(module)
+            self._primary_mods = {id(m) for m in module.modules()}
         else:
             base = type(module).__name__
             taken = {p for _, p in self._roots.values()}
@@ -560,6 +702,7 @@ class TorchRecorder:
         for key in [k for k in self._roots if k in inside]:
             del self._roots[key]
         self._primary = id(module)
+        self._primary_mods = {id(m) for m in module.modules()}
         self._roots[id(module)] = (weakref.ref(module), "")
         for path, m in module.named_modules():
             self._names[id(m)] = path
@@ -591,19 +734,284 @@ class TorchRecorder:
         self._raise_if_failed()
         self._stack.append(module)
         self._in_stack.append(None)
-        if self.done or not torch.is_grad_enabled():
+        if self.done or self._quiet:
+            return
+        if len(self._stack) == 1:
+            self._eval_root = None
+            if not module.training and id(module) in self._train_mode_roots and _training():
+                self._eval_root = module  # model.eval() without no_grad, of a model that trains in train()
+        if not _training() or self.phase is not None or self._eval_root is not None:  # evaluation: summarised
+            if len(self._stack) == 1:
+                self._eval_forward(module)
             return
         t0 = time.perf_counter()
         with torch.no_grad():
             if len(self._stack) == 1:
-                self.add_root(module)
-                if not self._inputs_done:
-                    self._inputs_done = True
-                    ts = _tensors(args)
-                    for i, t in enumerate(ts):
-                        self._add("input", "input" if len(ts) == 1 else f"input[{i}]", t)
+                self._training_root(module, args)
+                if self.done:
+                    return
             self._in_stack[-1] = [self._begin(t) for t in _tensors(args) if _fingerprintable(t)]
         self._record_s += time.perf_counter() - t0
+
+    def _training_root(self, module: torch.nn.Module, args: tuple) -> None:
+        """A root's forward with gradients on: it trains. Ends a step of a loop without an
+        optimizer whose parameters changed since the last backward; claims the batches drawn
+        for it; records the initial parameters (step 0) and the root's tensor arguments."""
+        if not self._opt_seen and self._bw_snap and self._params_updated():
+            self._end_manual_step()
+            if self.done:
+                return
+        self.add_root(module)
+        if module.training:
+            self._train_mode_roots.add(id(module))
+        self._trained = True
+        self._eval_cur = None
+        if not self.prefetch:
+            self._claim(id(module))
+        if self.step == 0:
+            self._record_init()
+        # the model's every call (each micro-batch of an accumulation), or a step's first root call
+        if id(module) in self._primary_mods or not self._inputs_done:
+            self._inputs_done = True
+            ts = _tensors(args)
+            for i, t in enumerate(ts):
+                self._add("input", "input" if len(ts) == 1 else f"input[{i}]", t)
+
+    def _record_init(self) -> None:
+        for key, (ref, _) in list(self._roots.items()):
+            m = ref()
+            if key in self._init_roots or m is None:
+                continue
+            self._init_roots.add(key)
+            for path, p in m.named_parameters():
+                self._add("init", self._param_names.get(id(p)) or path, p, fresh=True)
+
+    # -- evaluation -----------------------------------------------------------------
+
+    def _eval_run(self, phase: str | None = None) -> dict[str, Any]:
+        """The evaluation run under way (consecutive evaluation of one phase)."""
+        if phase is None:
+            phase = self.phase or ("inference_mode" if torch.is_inference_mode_enabled()
+                                   else "no_grad" if not torch.is_grad_enabled() else "eval_mode")
+        cur = self._eval_cur
+        if cur is None or cur["phase"] != phase:
+            cur = {"phase": phase, "after_step": self.step - 1 if self.step else None, "forwards": 0, "batches": 0,
+                   "ids": [], "outputs": []}
+            self._eval_runs.append(cur)
+            self._eval_cur = cur
+        return cur
+
+    def _eval_forward(self, module: torch.nn.Module) -> None:
+        run = self._eval_run()
+        run["forwards"] += 1
+        if self.phase is None:
+            for b in self._batches:
+                b.seen_by.add(id(module))
+                b.run = b.run or run
+
+    def _eval_output(self, output: Any) -> None:
+        outs = self._eval_run()["outputs"]
+        if len(outs) >= _EVAL_OUTPUTS:
+            return
+        with torch.no_grad():
+            for t in _tensors(output):
+                if _fingerprintable(t) and len(outs) < _EVAL_OUTPUTS:
+                    outs.append((fpt.begin(t, with_stats=False), None))
+
+    def _eval_batch(self, ids: np.ndarray | None, phase: str | None = None, run: dict[str, Any] | None = None) -> None:
+        if run is None or not any(r is run for r in self._eval_runs):
+            run = self._eval_run(phase)
+        run["batches"] += 1
+        if ids is not None:
+            run["ids"].append(ids)
+
+    def _take_eval(self) -> list[dict[str, Any]]:
+        """The evaluation since the last step, as JSON (``scalars["eval"]``), and forget it."""
+        runs, self._eval_runs, self._eval_cur = self._eval_runs, [], None
+        out = []
+        for r in runs:
+            ids = np.concatenate(r["ids"]) if r["ids"] else None
+            outs = [f for f, _ in fpt.finish_many(r["outputs"])] if r["outputs"] else []
+            out.append({
+                "phase": r["phase"],
+                "after_step": r["after_step"],
+                "forwards": r["forwards"],
+                "batches": r["batches"],
+                "samples": int(ids.size) if ids is not None else None,
+                "ids_fingerprint": record_array("ids", "batch", ids).fingerprint if ids is not None else None,
+                "outputs_fingerprint": _combine(outs) if outs else None,
+                "outputs_fingerprinted": len(outs),
+            })
+        return out
+
+    def evaluation_after_last_step(self) -> list[dict[str, Any]]:
+        """Evaluation that ran after the last written step (a test after fit), as JSON."""
+        return self._take_eval()
+
+    # -- batches ----------------------------------------------------------------------
+
+    def _claim(self, root: int) -> None:
+        """A training forward of ``root``: every pending batch it did not evaluate trains."""
+        keep = []
+        for b in self._batches:
+            if root in b.seen_by:
+                keep.append(b)
+            else:
+                self._commit_batch(b)
+        self._batches = keep
+
+    def claim_next(self) -> None:
+        """A runner says a training batch starts (Lightning's ``on_train_batch_start``): the
+        oldest pending batch of each loader is it (a prefetched one waits for its step)."""
+        keep, taken = [], set()
+        for b in self._batches:
+            if b.it in taken:
+                keep.append(b)
+            else:
+                taken.add(b.it)
+                self._commit_batch(b)
+        self._batches = keep
+
+    def _commit_batch(self, b: _Batch) -> None:
+        if b.ids is not None:
+            self._batch_ids = (self._batch_ids or []) + b.ids.tolist()
+            name = self._unique("batch", "ids")
+            e = _Entry(kind="batch", name=name, record=record_array(name, "batch", b.ids),
+                       array=b.ids.copy() if self._full else None)
+            e.seq = len(self._entries)
+            self._entries.append(e)
+        for i, pending, t in b.tensors:
+            e = _Entry(kind="batch", name=self._unique("batch", f"data[{i}]"), pending=pending, source=t)
+            if self._full:
+                self._keep_array(e, t)
+            e.seq = len(self._entries)
+            self._entries.append(e)
+
+    def _settle_batches(self) -> None:
+        """At a step's end: batches an evaluation used are evaluation; a batch the loop drew
+        ahead (``prefetch``) waits for its step; any other pending batch trained here."""
+        newest = {b.it: b for b in self._batches} if self.prefetch and self._trained else {}
+        keep = []
+        for b in self._batches:
+            if b.seen_by:
+                self._eval_batch(b.ids, "no_grad", b.run)
+            elif newest.get(b.it) is b:
+                keep.append(b)
+            else:
+                self._commit_batch(b)
+        self._batches = keep
+
+    # -- records bound ------------------------------------------------------------------
+
+    def _room(self) -> bool:
+        """Whether one more forward record fits in this step (``max_records_per_step``)."""
+        if self._fwd_records < self.policy.max_records_per_step:
+            self._fwd_records += 1
+            return True
+        self._dropped += 1
+        if self._dropped == 1 and not self._capped_noted:
+            self._capped_noted = True
+            msg = (f"step {self.step} has more than {self.policy.max_records_per_step} forward records: the rest of "
+                   "its activations are counted (scalars.records_dropped), not recorded; gradients and parameters "
+                   "still are. Raise --max-records-per-step (RecordPolicy.max_records_per_step) to record them")
+            self.notes.append(msg)
+            print(f"reprobisect: {msg}", file=sys.stderr)
+        return False
+
+    # -- loops without an optimizer -----------------------------------------------------
+
+    def _root_params(self) -> list[tuple[str, torch.Tensor]]:
+        out, seen = [], set()
+        for ref, prefix in list(self._roots.values()):
+            m = ref()
+            if m is None:
+                continue
+            for path, p in m.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append((self._param_names.get(id(p)) or prefix + ("." if prefix else "") + path, p))
+        return out
+
+    @_hook
+    def _after_backward(self) -> None:
+        if self._quiet:
+            return
+        self.backwards += 1
+        if self._opt_seen:
+            return
+        # no optimizer so far: note the parameters that have gradients, to see an update by hand
+        with torch.no_grad():
+            for _, p in self._root_params():
+                if p.grad is not None and id(p) not in self._bw_snap and p.is_floating_point():
+                    self._bw_snap[id(p)] = (weakref.ref(p), _version(p), _psum(p))
+        self._backwards_idle += 1
+        self._bw_mark, self._eval_cur = len(self._eval_runs), None
+        if self.step == 0 and self._backwards_idle >= _IDLE_BACKWARDS:
+            self._finish(StopRun("no_steps", 0, _no_update_detail(self.backwards)))
+
+    def _params_updated(self) -> bool:
+        """Whether a parameter that had a gradient at the last backward changed since: its
+        version counter, or (``p.data`` updates do not count versions) its sum."""
+        sums = []
+        for ref, v, s in self._bw_snap.values():
+            p = ref()
+            if p is None:
+                continue
+            if v is not None and _version(p) != v:
+                return True
+            sums.append((s, _psum(p)))
+        if not sums:
+            return False
+        with torch.no_grad():
+            return any(bool((a != b) & ~(a.isnan() & b.isnan())) for a, b in sums)
+
+    def finish_manual(self) -> None:
+        """At the end of the program: a pending step of a loop without an optimizer ends here."""
+        if not self.done and not self._opt_seen and self._bw_snap and self.failed is None:
+            self.guarded("finish_manual", self._end_manual_if_updated)
+
+    def _end_manual_if_updated(self) -> None:
+        if self._params_updated():
+            self._end_manual_step()
+
+    def _end_manual_step(self) -> None:
+        """End a step of a loop that updates parameters by hand: its gradients (as backward
+        left them, before any clipping the loop did), its parameters now (after the update)."""
+        t0 = time.perf_counter()
+        have = 0
+        with torch.no_grad():
+            params = [(n, p) for n, p in self._root_params() if id(p) in self._bw_snap]
+            for name, p in params:
+                seen = self._grad_seen.get(id(p))
+                if seen is None or seen[3] is None:
+                    continue
+                have += 1
+                g = seen[0]()
+                e = _Entry(kind="grad", name=self._unique("grad", name), pending=seen[3], source=g)
+                if self._full and g is not None and _version(g) == seen[1]:
+                    self._keep_array(e, g)
+                e.seq = len(self._entries)
+                self._entries.append(e)
+                self._pre_clip.append(seen[2])
+            for name, p in params:
+                self._add("param", name, p, fresh=True)
+        self._scalars["manual_update"] = True
+        self._scalars["grad_params"] = have
+        self._scalars["no_grad_params"] = []
+        self._scalars["no_gradients"] = have == 0
+        self._bw_snap.clear()
+        self._backwards_idle = 0
+        self._record_s += time.perf_counter() - t0
+        # evaluation after the last backward ran after this update (as far as can be told):
+        # it belongs to the next step's window, like evaluation after an optimizer step
+        late, self._eval_runs = self._eval_runs[self._bw_mark:], self._eval_runs[: self._bw_mark]
+        step = self.step
+        try:
+            self._end_step(None)
+        finally:
+            for r in late:
+                r["after_step"] = step
+            self._eval_runs, self._eval_cur, self._bw_mark = late + self._eval_runs, None, 0
 
     @_hook
     def _fwd(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -617,7 +1025,12 @@ class TorchRecorder:
                     inputs = self._in_stack[k]
                     del self._stack[k:], self._in_stack[k:]
                     break
-        if self.done or not torch.is_grad_enabled() or output is None:
+        if self.done or self._quiet or output is None:
+            return
+        if not _training() or self.phase is not None or self._eval_root is not None:
+            if not self._stack:
+                self._eval_output(output)
+                self._eval_root = None
             return
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -641,7 +1054,7 @@ class TorchRecorder:
             self._occ[("activation", name)] = k + 1
             self._cur_call = name if k == 0 else f"{name}#{k}"
         full = self._cur_call if n == 1 else f"{self._cur_call}[{i}]"
-        if not _fingerprintable(t):
+        if not _fingerprintable(t) or not self._room():
             return
         if self._t0 is None:
             self._t0 = time.perf_counter()
@@ -655,41 +1068,47 @@ class TorchRecorder:
 
     @_hook
     def _grad_hook(self, p: torch.Tensor) -> None:
-        if self.done or p.grad is None or p.grad.is_sparse:
+        if self.done or self._quiet or p.grad is None or p.grad.is_sparse:
             return
         with torch.no_grad():
             g = p.grad
             # the gradient before clipping: fingerprinted here; the optimizer pre-hook
-            # reuses this unless clipping (or anything else) changed it in place since
+            # reuses this unless clipping (or anything else) changed it in place since.
+            # The last item: its fingerprint, the grad record of a loop without an optimizer
             if self.policy.stats:
-                self._grad_seen[id(p)] = (weakref.ref(g), g._version, self._begin(g))
+                pending = self._begin(g)
+                self._grad_seen[id(p)] = (weakref.ref(g), _version(g), pending, pending)
             else:
-                self._grad_seen[id(p)] = (weakref.ref(g), g._version, _norm(g))
+                self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g),
+                                          None if self._opt_seen else self._begin(g))
 
     @_hook
     def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
+        if self._quiet:
+            return
+        ids = None
+        if idx is not None:
+            try:
+                ids = np.asarray(idx, dtype=np.int64).reshape(-1)
+            except (TypeError, ValueError):
+                ids = None
+        if not _training() or self.phase is not None:  # drawn for evaluation: never a training batch
+            self._eval_batch(ids)
+            return
         if self._t0 is None:
             self._t0 = t0
         self._data_wait += t1 - t0
         ref = it.__dict__.get("_reprobisect_loader")
         if ref is not None:
             self._loader = ref
+        # a batch of this loader that only an evaluation used, before this one was drawn
+        for b in [b for b in self._batches if b.it == id(it) and b.seen_by]:
+            self._batches.remove(b)
+            self._eval_batch(b.ids, "no_grad", b.run)
         with torch.no_grad():
-            if idx is not None:
-                try:
-                    ids = np.asarray(idx, dtype=np.int64).reshape(-1)
-                except (TypeError, ValueError):
-                    ids = None
-                if ids is not None:
-                    self._batch_ids = (self._batch_ids or []) + ids.tolist()
-                    name = self._unique("batch", "ids")
-                    rec = record_array(name, "batch", ids)
-                    e = _Entry(kind="batch", name=name, record=rec, array=ids.copy() if self._full else None)
-                    e.seq = len(self._entries)
-                    self._entries.append(e)
-            ts = _tensors(data)
-            for i, t in enumerate(ts):
-                self._add("batch", f"data[{i}]", t)
+            tensors = [(i, self._begin(t), t.detach()) for i, t in enumerate(_tensors(data)) if _fingerprintable(t)]
+        # whether it trains is known at the next forward (see _claim, _settle_batches)
+        self._batches.append(_Batch(it=id(it), ids=ids, tensors=tensors, seen_by=set()))
         self._record_s += time.perf_counter() - t1
 
     @_hook
@@ -697,21 +1116,31 @@ class TorchRecorder:
         self._raise_if_failed()
         if self.done:
             return None
+        self._opt_seen = True
+        self._bw_snap.clear()
         self._optimizers.add(opt)
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
         if closure is None:
             self._record_grads(opt)
             return None
         # step(closure) (Lightning, LBFGS): forward and backward run inside step(), so the
-        # gradients are taken right after the closure's first call, before the update
+        # gradients are taken right after the closure's first call, before the update. Later
+        # calls (LBFGS re-evaluates) are counted (scalars.closure_evaluations), not recorded.
         fired = False
 
         def recorded_closure(*a: Any, **k: Any) -> Any:
             nonlocal fired
+            if fired:
+                self._closure_evals += 1
+                self._quiet += 1
+                try:
+                    return closure(*a, **k)
+                finally:
+                    self._quiet -= 1
             out = closure(*a, **k)
-            if not fired:
-                fired = True
-                self._record_grads(opt)
+            fired = True
+            self._closure_evals = 1
+            self._record_grads(opt)
             return out
 
         if "closure" in kwargs:
@@ -767,8 +1196,9 @@ class TorchRecorder:
 
     # -- end of step --------------------------------------------------------------
 
-    def _end_step(self, opt: torch.optim.Optimizer) -> None:
+    def _end_step(self, opt: torch.optim.Optimizer | None) -> None:
         t_end = time.perf_counter()
+        self._settle_batches()
         t_fin = time.perf_counter()
         records: list[tuple[_Entry, Record]] = []
         # every distinct pending of the step, finished together: one host transfer per device
@@ -814,6 +1244,14 @@ class TorchRecorder:
             self._scalars["grad_norm"] = _json_float(math.sqrt(sq))
 
         scalars = self._step_scalars(records)
+        evaluation = self._take_eval()
+        if evaluation:
+            scalars["eval"] = evaluation
+        if self._closure_evals:
+            scalars["closure_evaluations"] = self._closure_evals
+        if self._dropped:
+            scalars["records_dropped"] = self._dropped
+            scalars["max_records_per_step"] = self.policy.max_records_per_step
         first_bad = None
         skipped = self._scalars.get("scaler_skipped")
         for e, rec in records:
@@ -870,8 +1308,13 @@ class TorchRecorder:
     def _step_scalars(self, records: list[tuple[_Entry, Record]]) -> dict[str, Any]:
         s: dict[str, Any] = {}
         losses = [r for _, r in records if r.kind == "loss"]
-        if losses and losses[0].stats is not None and len(losses[0].shape) == 0:
-            s["loss"] = losses[0].stats["mean"]
+        if losses and all(r.stats is not None and len(r.shape) == 0 for r in losses):
+            values = [r.stat("mean") for r in losses]
+            # accumulation: the sum of the micro-losses (the mean of the undivided ones when
+            # the loop divides each by the number of micro-batches); each one in "losses"
+            s["loss"] = losses[0].stats["mean"] if len(losses) == 1 else _json_float(math.fsum(values))  # type: ignore
+            if len(losses) > 1:
+                s["losses"] = [r.stats["mean"] for r in losses]  # type: ignore[index]
         if self.policy.stats:
             norms = [r.stat("norm") for _, r in records if r.kind == "grad"]
             if norms and all(n is not None for n in norms):
@@ -951,6 +1394,35 @@ class TorchRecorder:
                     shut()
                 except Exception:
                     pass
+
+
+_EVAL_OUTPUTS = 16
+"""Root outputs of one evaluation run whose fingerprints go into its summary."""
+_IDLE_BACKWARDS = 200
+"""backward() calls with no optimizer and no parameter update after which a run is no_steps."""
+
+
+def _psum(p: torch.Tensor) -> torch.Tensor:
+    """The sum of a parameter, on its device (to see an update that bypasses versions)."""
+    p = p.detach()
+    wide = torch.float32 if p.device.type == "mps" else torch.float64
+    return torch.sum(p, dtype=wide)
+
+
+def _combine(fingerprints: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:32]
+
+
+def _no_update_detail(backwards: int) -> str:
+    if backwards == 0:
+        what = "never called optimizer.step() and never ran backward()"
+    else:
+        what = (f"never called optimizer.step(), and no parameter changed after its {backwards} backward() "
+                "call(s)")
+    return (f"it {what}: nothing trained, nothing to compare. Record a loop that updates parameters (torch.optim, "
+            "or by hand after backward()), or wrap your own update in reprobisect.torch.record(model, ...)")
 
 
 def _norm(g: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,11 @@ A trace is a folder::
     state/step-K/   complete checkpoints (safetensors + JSON)
 
 Chain order within a step is what makes "first" meaningful: ``KINDS`` lists it.
+``init`` (the parameters before the first update, step 0 only) comes first, so that an
+unseeded or changed initialization is named as such rather than at a later record.
+Evaluation (forward passes under ``no_grad``/``inference_mode``, Lightning's sanity check,
+validation and test) is never a record: it is summarised in the step's ``scalars["eval"]``,
+which compare does not use for its verdict.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ __all__ = [
 
 FORMAT = "reprobisect-trace"
 VERSION = 1
-KINDS = ("batch", "input", "activation", "output", "loss", "grad", "param", "optim_state")
+KINDS = ("init", "batch", "input", "activation", "output", "loss", "grad", "param", "optim_state")
 STATUSES = ("complete", "incomplete", "failed")
 STAT_KEYS = ("norm", "min", "max", "mean", "nan", "inf")
 

@@ -230,8 +230,10 @@ class TraceWriter:
         error: str | None = None,
         environment: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        seed: Any = None,
     ) -> None:
-        """Seal the trace: ``complete`` or ``failed`` (with the error). Idempotent."""
+        """Seal the trace: ``complete`` or ``failed`` (with the error). Idempotent.
+        ``seed``, when given, replaces the manifest's (a seed the recorder saw the program set)."""
         if self._closed:
             return
         if status not in ("complete", "failed"):
@@ -256,6 +258,7 @@ class TraceWriter:
             error=error,
             environment=env,
             extra=ext,
+            seed=seed if seed is not None else self._manifest.seed,
             files=dict(sorted(self._files.items())),
         )
         for folder in (self.path / "tensors", self.path / "state"):
