@@ -72,6 +72,7 @@ import numpy as np
 import torch
 
 from reprobisect.runners import fingerprint_torch as fpt
+from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
 from reprobisect.trace.format import KINDS, Record, stat_value
 
@@ -184,6 +185,9 @@ ACTIVE: "TorchRecorder | None" = None
 """The recorder installed in this process, if any (Lightning's callback factory asks)."""
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def _hook(fn: Callable) -> Callable:
     """A recorder hook: its own failure must never read as the user's program crashing (a
     reprobisect bug is no evidence about their code, and a search would blame a commit for
@@ -192,6 +196,8 @@ def _hook(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def hook(self: "TorchRecorder", *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # traced by dynamo: stay out of the graph (runners.compile_torch)
+            return None
         return self.guarded(fn.__name__, fn, self, *args, stop_now=fn.__name__ != "_grad_hook", **kwargs)
 
     return hook
@@ -235,6 +241,7 @@ class TorchRecorder:
         self._zoom: Any = None
         self.environment_extra: dict[str, Any] = {}  # merged into the trace's environment (Lightning's settings)
         self.failed: str | None = None  # the recorder's own failure, if any (see _hook)
+        self._fwd_hooks: Any = None
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -311,9 +318,13 @@ class TorchRecorder:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
+        from reprobisect.runners import compile_torch
+
+        self._fwd_hooks = compile_torch.ForwardHooks(self)  # compile-aware entry points
+        self._undo.append(compile_torch.install_compile_watch())
         self._handles += [
-            nn_module.register_module_forward_pre_hook(self._fwd_pre),
-            nn_module.register_module_forward_hook(self._fwd, with_kwargs=True, always_call=True),
+            nn_module.register_module_forward_pre_hook(self._fwd_hooks.pre),
+            nn_module.register_module_forward_hook(self._fwd_hooks.post, with_kwargs=True, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
@@ -484,6 +495,7 @@ class TorchRecorder:
 
     def add_root(self, module: torch.nn.Module) -> str:
         """Register ``module`` as a root (the first one is the model); returns its prefix."""
+        module = unwrap(module)  # torch.compile's wrapper: names are the user's module's
         hit = self._roots.get(id(module))
         if hit is not None and hit[0]() is module:
             return hit[1]
@@ -501,10 +513,11 @@ class TorchRecorder:
                 k += 1
         self._roots[id(module)] = (weakref.ref(module), prefix)
         for path, m in module.named_modules():
+            path = user_path(path)
             full = prefix + ("." if prefix and path else "") + path
             self._names.setdefault(id(m), full or prefix)
         for path, p in module.named_parameters():
-            self._param_names.setdefault(id(p), prefix + ("." if prefix else "") + path)
+            self._param_names.setdefault(id(p), prefix + ("." if prefix else "") + user_path(path))
             self._watch_grad(p)
         return prefix
 
@@ -518,7 +531,7 @@ class TorchRecorder:
         """Record the recorder's own failure once, go quiet, and return the StopRun that
         ends the probe as ``infra``."""
         if self.failed is None:
-            self.failed = f"{where.lstrip('_')}: {type(e).__name__}: {e}"
+            self.failed = f"{where.lstrip('_')}: {first_cause(e)}"  # the original error, not a later one it caused
             detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
                       "not your program's: this probe is no evidence either way")
             self.notes.append(detail)
@@ -550,6 +563,7 @@ class TorchRecorder:
         which training never calls through ``__call__``, so that names match its
         ``state_dict`` keys. Only before the first step is written (names must not change
         within a trace); later it is noted and ignored."""
+        module = unwrap(module)
         hit = self._roots.get(id(module))
         if hit is not None and hit[0]() is module and self._primary == id(module):
             return
@@ -562,9 +576,9 @@ class TorchRecorder:
         self._primary = id(module)
         self._roots[id(module)] = (weakref.ref(module), "")
         for path, m in module.named_modules():
-            self._names[id(m)] = path
+            self._names[id(m)] = user_path(path)
         for path, p in module.named_parameters():
-            self._param_names[id(p)] = path
+            self._param_names[id(p)] = user_path(path)
             self._watch_grad(p)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
