@@ -612,7 +612,8 @@ def _batch_diff(sa: Step, sb: Step) -> TensorDiff | None:
 def _unobserved(trace: Trace) -> tuple[str, ...]:
     """Module names whose activations ``trace`` could not record because they ran under
     torch.compile (the recorder's ``environment.torch.compile.unobserved``): ``*`` every
-    module, ``NAME.*`` the modules below NAME, ``NAME`` NAME and those below it."""
+    module, ``NAME.*`` the modules below NAME, ``NAME`` NAME and those below it,
+    ``<input>``/``<output>`` the model's own inputs/outputs (``model.compile()``)."""
     env = trace.manifest.environment
     comp = env.get("torch", {}).get("compile") if isinstance(env, dict) and isinstance(env.get("torch"), dict) else None
     if not isinstance(comp, dict) or comp.get("mode") != "compiled":
@@ -622,7 +623,10 @@ def _unobserved(trace: Trace) -> tuple[str, ...]:
 
 
 def _not_recorded(r: Record, unobserved: tuple[str, ...]) -> bool:
-    """True for an activation the other trace could not hold (it ran that module compiled)."""
+    """True for an activation (or model input/output) the other trace could not hold: it
+    ran that module compiled."""
+    if r.kind in ("input", "output"):
+        return f"<{r.kind}>" in unobserved
     if r.kind != "activation" or not unobserved:
         return False
     module = r.name.split("#", 1)[0].split("[", 1)[0]
@@ -742,6 +746,8 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
             have = "A" if side == "b" else "B"
             said = (f"{n} activation record(s) only in {have} not compared: trace {side.upper()} ran those modules "
                     "under torch.compile, where activations are not recorded")
+            if any(u in unobserved[side] for u in ("<input>", "<output>")):
+                said += " (nor the inputs and outputs of a model compiled with model.compile())"
             note = f"{note}; {said}" if note else said
     first = divergences[0] if divergences else None
     if first is None and structure:

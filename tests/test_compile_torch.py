@@ -83,6 +83,8 @@ if mode == "whole":
 elif mode == "blocks":
     for i, block in enumerate(model.transformer.h):
         model.transformer.h[i] = torch.compile(block)
+elif mode == "rootmethod":
+    model.compile()
 elif mode == "method":
     for block in model.transformer.h:
         block.compile()
@@ -141,7 +143,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compile")
     (tmp / "gpt.py").write_text(GPT)
     out: dict = {"tmp": tmp}
-    for name, mode in (("eager", "eager"), ("blocks", "blocks"), ("method", "method")):
+    for name, mode in (("eager", "eager"), ("blocks", "blocks"), ("method", "method"), ("rootmethod", "rootmethod")):
         r, trace = _launch(tmp, name, mode)
         out[name] = (r, trace)
     rep = str(tmp / "recorded")
@@ -240,6 +242,25 @@ def test_per_module_compile_records_around_the_compiled_blocks(runs, mode: str) 
     c = compare_traces(eager, t, Tolerance(mode="default"))
     assert all(d.verdict != "missing" for d in (c.first, *c.next) if d is not None), str(c)
     assert "under torch.compile" in c.note
+
+
+@pytest.mark.slow
+def test_model_compile_of_the_whole_model_keeps_the_parameter_names(runs) -> None:
+    """``model.compile()``: the model is called compiled, so none of its forward hooks fires
+    eagerly; parameters still carry the model's names, and the trace says that the
+    model's inputs and outputs are not recorded (compare does not call them missing)."""
+    r, path = runs["rootmethod"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    t, eager = read_trace(path), read_trace(runs["eager"][1])
+    env = _compile_env(t)
+    assert [(x["module"], x["how"], x["ran"]) for x in env["regions"]] == [("", "module.compile()", "compiled")]
+    assert env["unobserved"] == ["*", "<input>", "<output>"]
+    assert any("inputs and outputs are not recorded" in n for n in t.manifest.extra["notes"])
+    names = _names(t)[0]
+    assert {k for k, _ in names} == {"loss", "grad", "param", "optim_state"}
+    assert names == {x for x in _names(eager)[0] if x[0] in ("loss", "grad", "param", "optim_state")}
+    c = compare_traces(eager, t, Tolerance(mode="default"))
+    assert all(d.verdict != "missing" for d in (c.first, *c.next) if d is not None), str(c)
 
 
 @pytest.mark.slow

@@ -184,7 +184,7 @@ class ForwardHooks:
         self.eager_seen: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self.pre = self._make_pre()
         self.post = self._make_post()
-        self.noted = False
+        self.noted: str | None = None
         global _LAST
         _LAST = weakref.ref(self)
 
@@ -249,11 +249,32 @@ class ForwardHooks:
             self._note()  # a root's forward ended and module.compile() modules in it never ran eagerly
         return out
 
-    def _note(self) -> None:
-        if not self.noted:
-            self.noted = True
-            self.rec.notes.append(f"{NOTE} (torch.compile; see environment torch.compile.regions): batches, model "
-                                  "inputs and outputs, loss, gradients, parameters and optimizer state are recorded")
+    def root_from_compiled(self, p: torch.Tensor) -> bool:
+        """Register as a root the outermost ``module.compile()`` module holding parameter
+        ``p`` (a model compiled that way is called compiled as a whole: no forward hook of
+        it ever fires eagerly, so it is never seen as a root); True if one was added."""
+        if not COMPILES.methods:
+            return False
+        holders = [m for m, info in list(COMPILES.modules.items()) if info.get("how") == "module.compile()"
+                   and any(q is p for q in m.parameters())]
+        if not holders:
+            return False
+        inner = {id(sub) for m in holders for sub in m.modules() if sub is not m}
+        outer = [m for m in holders if id(m) not in inner]
+        self.rec.add_root(outer[0])
+        return True
+
+    def _note(self, text: str | None = None) -> None:
+        """Say in the trace's notes that activations inside compiled regions are missing
+        (once; ``text``, the summary of ``execution()``, replaces the first wording)."""
+        text = text or (f"{NOTE} (torch.compile; see environment torch.compile.regions): batches, model inputs "
+                        "and outputs, loss, gradients, parameters and optimizer state are recorded")
+        notes = self.rec.notes
+        if self.noted and self.noted in notes:
+            notes[notes.index(self.noted)] = text
+        elif not self.noted:
+            notes.append(text)
+        self.noted = text
 
     def _region(self, module: torch.nn.Module, wrapper: torch.nn.Module | None) -> None:
         key = id(module)
@@ -314,8 +335,10 @@ def compiled_modules_unseen(rec: Any) -> list[torch.nn.Module]:
 def execution(rec: Any = None) -> dict[str, Any]:
     """How the recorded code ran: ``eager`` or ``compiled``, what was compiled and how.
 
-    ``unobserved`` lists the module names (``""``: the whole model) inside which module
-    outputs were not recorded because they ran compiled; ``note`` says so in words.
+    ``unobserved`` lists the module names inside which module outputs were not recorded
+    because they ran compiled (``*``: every module; ``NAME.*``: those below NAME; ``NAME``:
+    NAME and those below; ``<input>``/``<output>``: the model's own inputs and outputs,
+    when ``model.compile()`` compiled the model as a whole); ``note`` says so in words.
     """
     out: dict[str, Any] = {}
     disabled = []
@@ -358,9 +381,16 @@ def execution(rec: Any = None) -> dict[str, Any]:
             # a module.compile() module is called compiled, its own output included
             name = r["module"]
             unobserved.append(name + ".*" if r["how"] == "torch.compile(module)" and name else name if name else "*")
+        if any(r["how"] == "module.compile()" and r["module"] == "" for r in ran):
+            unobserved += ["<input>", "<output>"]  # the model itself is called compiled
         out["unobserved"] = sorted(set(unobserved))
-        out["note"] = (f"{NOTE} ({', '.join(repr(r['module']) for r in ran)} ran compiled); batches, model inputs "
-                       "and outputs, loss, gradients, parameters and optimizer state are recorded")
+        whole = [r for r in ran if r["how"] == "module.compile()" and r["module"] == ""]
+        seen = ("batches, loss, gradients, parameters and optimizer state are recorded (model.compile() runs the "
+                "whole model compiled: its inputs and outputs are not recorded either)") if whole else (
+                "batches, model inputs and outputs, loss, gradients, parameters and optimizer state are recorded")
+        out["note"] = f"{NOTE} ({', '.join(repr(r['module']) for r in ran)} ran compiled); {seen}"
+        if hooks is not None:
+            hooks._note(out["note"])  # in the trace's notes too (sealing reads them after the environment)
     elif COMPILES.calls or regions:
         out["mode"] = "eager"
         if disabled:

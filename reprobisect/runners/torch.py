@@ -596,7 +596,10 @@ class TorchRecorder:
         return name
 
     def _param_name(self, p: torch.Tensor, g: int, i: int) -> str:
-        return self._param_names.get(id(p)) or f"param_groups.{g}.{i}"
+        name = self._param_names.get(id(p))
+        if name is None and not self.step and self._fwd_hooks is not None and self._fwd_hooks.root_from_compiled(p):
+            name = self._param_names.get(id(p))  # a model set up with model.compile(): its hooks never fire
+        return name or f"param_groups.{g}.{i}"
 
     # -- hooks --------------------------------------------------------------------
 
