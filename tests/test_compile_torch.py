@@ -299,6 +299,60 @@ def test_envs_compile_disabled_vs_compiled_names_the_first_difference(runs) -> N
         assert not np.allclose(xa, xb, atol=1e-5, rtol=1.3e-6)
 
 
+STEP = """
+import os, sys, torch
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.Adam(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+
+@torch.compile(backend="eager")
+def train_step():
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+for i in range(3):
+    train_step()
+if len(sys.argv) > 1:
+    import hashlib
+    from torch._dynamo.utils import counters
+    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest()
+    open(sys.argv[1], "w").write(f"{h} {counters['stats']['unique_graphs']}")
+"""
+
+
+@pytest.mark.slow
+def test_a_training_step_compiled_whole_is_recorded_at_its_step_hooks(tmp_path: Path) -> None:
+    """``torch.compile(train_step)`` with backward and ``optimizer.step()`` inside: the
+    optimizer hooks run eagerly behind a graph break (else the run would end ``no_steps``),
+    parameters carry the model's names, the model's inputs/outputs are declared not
+    recorded, and the parameters are bitwise those of the run without the recorder."""
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    trace = tmp_path / "t"
+    r = subprocess.run([PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", "5", "--",
+                        str(script), str(tmp_path / "rec.txt")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plain = subprocess.run([PY, str(script), str(tmp_path / "plain.txt")], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert (tmp_path / "rec.txt").read_text() == (tmp_path / "plain.txt").read_text()
+    t = read_trace(trace)
+    assert len(t.steps) == 3
+    assert [(r.kind, r.name) for r in t.steps[0].records if r.kind in ("loss", "param")] == [
+        ("loss", "loss"), ("param", "0.weight"), ("param", "0.bias"), ("param", "2.weight"), ("param", "2.bias")]
+    assert {r.kind for r in t.steps[0].records} == {"loss", "grad", "param", "optim_state"}
+    env = _compile_env(t)
+    assert env["mode"] == "compiled" and env["unobserved"] == ["*", "<input>", "<output>"]
+    assert env["regions"][0]["function"] == "train_step" and "function train_step" in env["note"]
+
+
 # --------------------------------------------------------------------- fast checks
 
 

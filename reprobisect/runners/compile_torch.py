@@ -98,6 +98,26 @@ class _Compiles:
         self.calls: list[dict[str, Any]] = []
         self.modules: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
         self.methods = 0  # module.compile() calls
+        self.functions: list[weakref.ref] = []  # torch.compile(function)
+
+    def function_modules(self) -> list[torch.nn.Module]:
+        """The modules compiled functions reach by name: the globals their code names and
+        their closure cells (``train_step`` using the global ``model``)."""
+        out: list[torch.nn.Module] = []
+        for ref in self.functions:
+            fn = ref()
+            fn = getattr(fn, "__wrapped__", fn)
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                continue
+            values = [getattr(fn, "__globals__", {}).get(n) for n in code.co_names]
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    values.append(cell.cell_contents)
+                except ValueError:
+                    pass
+            out += [unwrap(v) for v in values if isinstance(v, torch.nn.Module)]
+        return out
 
     def note(self, target: Any, kwargs: dict[str, Any]) -> None:
         backend = kwargs.get("backend", "inductor")
@@ -119,6 +139,12 @@ class _Compiles:
         elif target is not None:
             info["target"] = getattr(target, "__qualname__", type(target).__name__)
             info["how"] = "torch.compile(function)"
+            try:
+                self.functions.append(weakref.ref(target))
+            except TypeError:
+                pass
+        else:
+            return  # torch.compile(**options) returning a decorator: noted when it is applied
         if len(self.calls) < 100:
             self.calls.append(info)
 
@@ -140,6 +166,9 @@ def install_compile_watch() -> Callable[[], None]:
     def compile(model: Any = None, **kwargs: Any) -> Any:
         try:
             COMPILES.note(model, kwargs)
+            from reprobisect.runners.torch import eager_hooks
+
+            eager_hooks()
         except Exception:  # noting must never stand in the way of the user's compile
             pass
         if model is None:
@@ -250,13 +279,15 @@ class ForwardHooks:
         return out
 
     def root_from_compiled(self, p: torch.Tensor) -> bool:
-        """Register as a root the outermost ``module.compile()`` module holding parameter
-        ``p`` (a model compiled that way is called compiled as a whole: no forward hook of
-        it ever fires eagerly, so it is never seen as a root); True if one was added."""
-        if not COMPILES.methods:
+        """Register as a root the outermost module holding parameter ``p`` among those
+        ``model.compile()`` compiled or a compiled function uses (a model called only
+        compiled fires no forward hook eagerly, so it is never seen as a root); True if
+        one was added."""
+        if not COMPILES.methods and not COMPILES.functions:
             return False
-        holders = [m for m, info in list(COMPILES.modules.items()) if info.get("how") == "module.compile()"
-                   and any(q is p for q in m.parameters())]
+        candidates = [m for m, info in list(COMPILES.modules.items()) if info.get("how") == "module.compile()"]
+        candidates += COMPILES.function_modules()
+        holders = [m for m in candidates if any(q is p for q in m.parameters())]
         if not holders:
             return False
         inner = {id(sub) for m in holders for sub in m.modules() if sub is not m}
@@ -370,6 +401,17 @@ def execution(rec: Any = None) -> dict[str, Any]:
                 info = COMPILES.modules.get(m, {})
                 regions.append({"module": name, "class": type(m).__name__, "how": "module.compile()",
                                 "ran": "compiled", **({"backend": info["backend"]} if info.get("backend") else {})})
+    functions = [c for c in COMPILES.calls if c.get("how") == "torch.compile(function)"]
+    dyn = __import__("sys").modules.get("torch._dynamo.utils")
+    frames_ok = int(dyn.counters.get("frames", {}).get("ok", 0)) if dyn is not None else 0
+    if functions and frames_ok and not disabled:
+        # the modules a compiled function calls are not known by name: when no module was
+        # seen eagerly at all, the model itself was only called inside it
+        seen_any = hooks is not None and bool(len(hooks.eager_seen) or hooks.regions)
+        for c in functions:
+            regions.append({"module": None if seen_any else "", "function": c.get("target"),
+                            "how": "torch.compile(function)", "ran": "compiled",
+                            **({"backend": c["backend"]} if c.get("backend") else {})})
     if regions:
         out["regions"] = regions
     ran = [r for r in regions if r["ran"] in ("compiled", "mixed")]
@@ -378,17 +420,23 @@ def execution(rec: Any = None) -> dict[str, Any]:
         unobserved = []
         for r in ran:
             # a torch.compile(module) wrapper's own output is recorded (outside the region);
-            # a module.compile() module is called compiled, its own output included
+            # a module.compile() module (or a compiled function's) is called compiled, its
+            # own output included
             name = r["module"]
-            unobserved.append(name + ".*" if r["how"] == "torch.compile(module)" and name else name if name else "*")
-        if any(r["how"] == "module.compile()" and r["module"] == "" for r in ran):
-            unobserved += ["<input>", "<output>"]  # the model itself is called compiled
+            if name is not None:
+                unobserved.append(name + ".*" if r["how"] == "torch.compile(module)" and name else name or "*")
+        whole = [r for r in ran if r["how"] != "torch.compile(module)" and r["module"] == ""]
+        if whole:
+            unobserved += ["<input>", "<output>"]  # the model itself is only called compiled
         out["unobserved"] = sorted(set(unobserved))
-        whole = [r for r in ran if r["how"] == "module.compile()" and r["module"] == ""]
-        seen = ("batches, loss, gradients, parameters and optimizer state are recorded (model.compile() runs the "
-                "whole model compiled: its inputs and outputs are not recorded either)") if whole else (
+        seen = ("batches, loss, gradients, parameters and optimizer state are recorded (the model is only called "
+                "compiled: its inputs and outputs are not recorded either)") if whole else (
                 "batches, model inputs and outputs, loss, gradients, parameters and optimizer state are recorded")
-        out["note"] = f"{NOTE} ({', '.join(repr(r['module']) for r in ran)} ran compiled); {seen}"
+        what = ", ".join(f"function {r['function']}" if r["how"] == "torch.compile(function)" else repr(r["module"])
+                         for r in ran)
+        out["note"] = f"{NOTE} ({what} ran compiled); {seen}"
+        if any(r["how"] == "torch.compile(function)" for r in ran):
+            out["note"] += "; modules called inside a compiled function are not recorded either"
         if hooks is not None:
             hooks._note(out["note"])  # in the trace's notes too (sealing reads them after the environment)
     elif COMPILES.calls or regions:

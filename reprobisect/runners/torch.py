@@ -187,20 +187,50 @@ ACTIVE: "TorchRecorder | None" = None
 
 _is_compiling = torch.compiler.is_compiling
 
+EAGER: dict[str, Callable] = {}
+"""Hook name -> its call wrapped in ``torch.compiler.disable``, filled on the first
+``torch.compile`` call (``compile_torch.install_compile_watch``). From then on the step
+hooks always run through it: one that dynamo traces (a training step compiled whole) runs
+eagerly behind a graph break at a step boundary instead of being traced to nothing, and
+one called eagerly from a compiled frame (after a graph break) does not have its own
+frames compiled one by one (fingerprints must be computed as in eager)."""
+
 
 def _hook(fn: Callable) -> Callable:
     """A recorder hook: its own failure must never read as the user's program crashing (a
     reprobisect bug is no evidence about their code, and a search would blame a commit for
     it). It ends the probe as ``infra`` instead: raised at once from Python-level hooks,
-    from the autograd engine's gradient hook at the next forward or optimizer hook."""
+    from the autograd engine's gradient hook at the next forward or optimizer hook.
+
+    Under torch.compile it stays out of the graph: the forward hooks trace to nothing
+    (no graph break inside the user's model: ``runners.compile_torch``); the step hooks
+    call their ``EAGER`` version."""
+    name = fn.__name__
 
     @functools.wraps(fn)
     def hook(self: "TorchRecorder", *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # traced by dynamo: stay out of the graph (runners.compile_torch)
+        eager = EAGER.get(name)
+        if eager is not None:  # torch.compile in use: never let dynamo trace the recorder's body
+            return eager(self, *args, **kwargs)
+        if _is_compiling():
             return None
-        return self.guarded(fn.__name__, fn, self, *args, stop_now=fn.__name__ != "_grad_hook", **kwargs)
+        return self.guarded(name, fn, self, *args, stop_now=name != "_grad_hook", **kwargs)
 
+    hook._reprobisect_body = fn  # type: ignore[attr-defined]
     return hook
+
+
+def eager_hooks() -> None:
+    """Fill ``EAGER`` for the step hooks (imports torch._dynamo: only once torch.compile is used)."""
+    if EAGER:
+        return
+    for name in ("_add_losses", "_skipped_step", "_grad_hook", "_on_batch", "_opt_pre", "_opt_post"):
+        fn = TorchRecorder.__dict__[name]._reprobisect_body
+
+        def call(self: "TorchRecorder", *args: Any, _fn: Callable = fn, _name: str = name, **kwargs: Any) -> Any:
+            return self.guarded(_name, _fn, self, *args, stop_now=_name != "_grad_hook", **kwargs)
+
+        EAGER[name] = torch.compiler.disable(call, recursive=True)
 
 
 class TorchRecorder:
