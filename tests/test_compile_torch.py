@@ -484,3 +484,14 @@ def test_compare_does_not_call_activations_a_compiled_side_could_not_record_miss
     assert c.first.verdict == "missing" and c.first.name == "h.0.attn" and not c.note
     whole = _trace(tmp_path / "w", [], {**ENV, "torch": {"compile": {"mode": "compiled", "unobserved": ["*"]}}})
     assert compare_paths(eager, whole, tolerance=Tolerance(mode="bitwise"))
+
+
+def test_the_recorders_own_compile_is_not_the_programs() -> None:
+    """``REPROBISECT_FP_COMPILE=1`` compiles a row reduction of the recorder's: it must not
+    make an eager program's trace read as compiled."""
+    from reprobisect.runners import fingerprint_torch
+    from reprobisect.runners.compile_torch import COMPILES
+
+    before = len(COMPILES.calls)
+    COMPILES.note(fingerprint_torch._rowsum_fused, {"dynamic": True})
+    assert len(COMPILES.calls) == before and not any(r() is fingerprint_torch._rowsum_fused for r in COMPILES.functions)

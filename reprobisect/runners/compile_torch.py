@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 import weakref
 from typing import Any, Callable
@@ -68,9 +69,16 @@ def first_cause(e: BaseException) -> str:
     return f"{_one_line(root)} (then {_one_line(e)})"
 
 
+_OPT_TYPE: type | None = None
+
+
 def _optimized_module_type() -> type | None:
-    mod = __import__("sys").modules.get("torch._dynamo.eval_frame")
-    return getattr(mod, "OptimizedModule", None) if mod is not None else None
+    """torch.compile's module wrapper class, once dynamo is imported (never imported here)."""
+    global _OPT_TYPE
+    if _OPT_TYPE is None:
+        mod = sys.modules.get("torch._dynamo.eval_frame")
+        _OPT_TYPE = getattr(mod, "OptimizedModule", None) if mod is not None else None
+    return _OPT_TYPE
 
 
 def unwrap(module: Any) -> Any:
@@ -120,6 +128,8 @@ class _Compiles:
         return out
 
     def note(self, target: Any, kwargs: dict[str, Any]) -> None:
+        if str(getattr(target, "__module__", "")).startswith("reprobisect."):
+            return  # the recorder's own (REPROBISECT_FP_COMPILE's row reduction), not the program's
         backend = kwargs.get("backend", "inductor")
         if not isinstance(backend, str):
             backend = getattr(backend, "__name__", type(backend).__name__)
@@ -377,7 +387,7 @@ def execution(rec: Any = None) -> dict[str, Any]:
         disabled.append("TORCH_COMPILE_DISABLE=1")
     if os.environ.get("TORCHDYNAMO_DISABLE", "") == "1":
         disabled.append("TORCHDYNAMO_DISABLE=1")
-    cfg = __import__("sys").modules.get("torch._dynamo.config")
+    cfg = sys.modules.get("torch._dynamo.config")
     if cfg is not None and getattr(cfg, "disable", False) and "TORCH_COMPILE_DISABLE=1" not in disabled:
         disabled.append("torch._dynamo.config.disable")
     if disabled:
@@ -402,7 +412,7 @@ def execution(rec: Any = None) -> dict[str, Any]:
                 regions.append({"module": name, "class": type(m).__name__, "how": "module.compile()",
                                 "ran": "compiled", **({"backend": info["backend"]} if info.get("backend") else {})})
     functions = [c for c in COMPILES.calls if c.get("how") == "torch.compile(function)"]
-    dyn = __import__("sys").modules.get("torch._dynamo.utils")
+    dyn = sys.modules.get("torch._dynamo.utils")
     frames_ok = int(dyn.counters.get("frames", {}).get("ok", 0)) if dyn is not None else 0
     if functions and frames_ok and not disabled:
         # the modules a compiled function calls are not known by name: when no module was
