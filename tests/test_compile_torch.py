@@ -495,3 +495,34 @@ def test_the_recorders_own_compile_is_not_the_programs() -> None:
     before = len(COMPILES.calls)
     COMPILES.note(fingerprint_torch._rowsum_fused, {"dynamic": True})
     assert len(COMPILES.calls) == before and not any(r() is fingerprint_torch._rowsum_fused for r in COMPILES.functions)
+
+
+@pytest.mark.slow
+def test_record_api_with_a_model_compiled_before_it(tmp_path: Path) -> None:
+    """``reprobisect.torch.record(torch.compile(model), ...)``: the wrapper is the model
+    (names without ``_orig_mod``), and the trace says it ran compiled."""
+    script = tmp_path / "api.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        import reprobisect.torch as rt
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        cm = torch.compile(m, backend="eager")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        with rt.record(cm, opt, trace={str(tmp_path / "t")!r}, steps=2):
+            for i in range(2):
+                opt.zero_grad()
+                ((cm(x) - y) ** 2).mean().backward()
+                opt.step()
+    """))
+    r = subprocess.run([PY, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = read_trace(tmp_path / "t")
+    assert [(x.kind, x.name) for x in t.steps[0].records] == [
+        ("input", "input"), ("output", "output"), ("loss", "loss"),
+        *[(k, n) for k in ("grad", "param") for n in ("0.weight", "0.bias", "2.weight", "2.bias")]]
+    env = _compile_env(t)
+    assert env["mode"] == "compiled" and env["unobserved"] == ["*"]
+    assert env["regions"][0]["module"] == "" and env["regions"][0]["class"] == "Sequential"

@@ -187,6 +187,13 @@ def install_compile_watch() -> Callable[[], None]:
 
     compile._reprobisect_watch = True  # type: ignore[attr-defined]
     torch.compile = compile  # type: ignore[assignment]
+    if "torch._dynamo" in sys.modules:  # compiled before the recorder was installed (record() API)
+        try:
+            from reprobisect.runners.torch import eager_hooks
+
+            eager_hooks()
+        except Exception:
+            pass
     # OptimizedModule warns on every call that global hooks (the recorder's) fire for it
     # too: that is what the recorder relies on, and the user's run would not print it
     warnings.filterwarnings("ignore", message=_HOOK_WARNING, category=UserWarning)
