@@ -227,7 +227,8 @@ class ForwardHooks:
         self.wrapped: list[list[Any]] = []
         self.regions: dict[int, dict[str, Any]] = {}  # id(user module) -> what was seen
         self._region_refs: dict[int, weakref.ref] = {}
-        self.eager_seen: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self.eager_seen: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # (only once module.compile() is used)
+        self.any_seen = False  # a module forward hook fired eagerly
         self.pre = self._make_pre()
         self.post = self._make_post()
         self.noted: str | None = None
@@ -257,7 +258,7 @@ class ForwardHooks:
         return post
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        opt = _optimized_module_type()
+        opt = _OPT_TYPE or _optimized_module_type()
         if opt is not None and isinstance(module, opt):
             inner = unwrap(module)
             self.wrapped.append([inner, False])
@@ -266,9 +267,11 @@ class ForwardHooks:
         if self.wrapped and self.wrapped[-1][0] is module and not self.wrapped[-1][1]:
             self.wrapped[-1][1] = True  # the wrapped module ran eagerly: already recorded as the wrapper
             return None
-        if getattr(module, "_compiled_call_impl", None) is not None:
-            self._region(module, None)  # module.compile(): its hooks firing means it ran eagerly
-        self.eager_seen.add(module)
+        self.any_seen = True
+        if COMPILES.methods:  # module.compile() used: note which modules ran eagerly
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                self._region(module, None)  # its hooks firing means it ran eagerly
+            self.eager_seen.add(module)
         return self.rec._fwd_pre(module, args)
 
     def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
@@ -276,7 +279,7 @@ class ForwardHooks:
             kwargs, output = rest
         else:  # (module, args, result): PyTorch's always_call path after the forward raised
             kwargs, output = {}, None
-        opt = _optimized_module_type()
+        opt = _OPT_TYPE or _optimized_module_type()
         if opt is not None and isinstance(module, opt):
             inner = unwrap(module)
             if self.wrapped and self.wrapped[-1][0] is inner:
@@ -424,7 +427,7 @@ def execution(rec: Any = None) -> dict[str, Any]:
     if functions and frames_ok and not disabled:
         # the modules a compiled function calls are not known by name: when no module was
         # seen eagerly at all, the model itself was only called inside it
-        seen_any = hooks is not None and bool(len(hooks.eager_seen) or hooks.regions)
+        seen_any = hooks is not None and bool(hooks.any_seen or hooks.regions)
         for c in functions:
             regions.append({"module": None if seen_any else "", "function": c.get("target"),
                             "how": "torch.compile(function)", "ran": "compiled",
