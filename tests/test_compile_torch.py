@@ -351,6 +351,10 @@ def test_a_training_step_compiled_whole_is_recorded_at_its_step_hooks(tmp_path: 
     env = _compile_env(t)
     assert env["mode"] == "compiled" and env["unobserved"] == ["*", "<input>", "<output>"]
     assert env["regions"][0]["function"] == "train_step" and "function train_step" in env["note"]
+    # the recorder's stop (a BaseException from the optimizer hook) leaves the compiled step cleanly
+    r = subprocess.run([PY, "-m", "reprobisect.runners.launch", "--trace", str(tmp_path / "t2"), "--steps", "2", "--",
+                        str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and len(read_trace(tmp_path / "t2").steps) == 2, r.stderr[-3000:]
 
 
 # --------------------------------------------------------------------- fast checks
