@@ -616,6 +616,38 @@ def _batch_diff(sa: Step, sb: Step) -> TensorDiff | None:
                       mismatched=mism, total=max(len(la), len(lb)), first_index=(first,))
 
 
+def _unobserved(trace: Trace) -> tuple[str, ...]:
+    """Module names whose activations ``trace`` could not record because they ran under
+    torch.compile (the recorder's ``environment.torch.compile.unobserved``): ``*`` every
+    module, ``NAME.*`` the modules below NAME, ``NAME`` NAME and those below it,
+    ``<input>``/``<output>`` the model's own inputs/outputs (``model.compile()``)."""
+    env = trace.manifest.environment
+    comp = env.get("torch", {}).get("compile") if isinstance(env, dict) and isinstance(env.get("torch"), dict) else None
+    if not isinstance(comp, dict) or comp.get("mode") != "compiled":
+        return ()
+    names = comp.get("unobserved")
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def _not_recorded(r: Record, unobserved: tuple[str, ...]) -> bool:
+    """True for an activation (or model input/output) the other trace could not hold: it
+    ran that module compiled."""
+    if r.kind in ("input", "output"):
+        return f"<{r.kind}>" in unobserved
+    if r.kind != "activation" or not unobserved:
+        return False
+    module = r.name.split("#", 1)[0].split("[", 1)[0]
+    for u in unobserved:
+        if u == "*":
+            return True
+        if u.endswith(".*"):
+            if module.startswith(u[:-1]):
+                return True
+        elif module == u or module.startswith(u + "."):
+            return True
+    return False
+
+
 def _is_ancestor(parent: str, child: str) -> bool:
     base = parent.split("#", 1)[0]
     return base == "" or child.startswith(base + ".")
@@ -656,6 +688,8 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
 
     divergences: list[Divergence] = []  # the first 1 + _MAX_NEXT only
     counted = 0
+    unobserved = {"a": _unobserved(a), "b": _unobserved(b)}  # activations a compiled side could not record
+    not_recorded = {"a": 0, "b": 0}  # one-sided activations skipped for that reason, per side lacking them
 
     def keep(d: Divergence) -> None:
         nonlocal counted
@@ -689,6 +723,11 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
                 r = ra or rb
                 assert r is not None
                 side = "a" if ra is not None else "b"
+                other = "b" if side == "a" else "a"
+                if _not_recorded(r, unobserved[other]):
+                    not_recorded[other] += 1  # not a structural difference: that side ran it compiled
+                    n_records -= 1
+                    continue
                 diff = TensorDiff("missing", "structure", detail=f"only in {side.upper()}")
                 differ += 1
                 keep(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, origin=not divergences,
@@ -715,6 +754,14 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
                             origin=loc in ("origin", "first"), localization=loc, order=ra.order))
         summaries.append(StepSummary(k, n_step, ident, close, differ, step_max))
 
+    for side, n in not_recorded.items():
+        if n:
+            have = "A" if side == "b" else "B"
+            said = (f"{n} activation record(s) only in {have} not compared: trace {side.upper()} ran those modules "
+                    "under torch.compile, where activations are not recorded")
+            if any(u in unobserved[side] for u in ("<input>", "<output>")):
+                said += " (nor the inputs and outputs of a model compiled with model.compile())"
+            note = f"{note}; {said}" if note else said
     first = divergences[0] if divergences else None
     if first is None and structure:
         k = (only_a + only_b)[0]

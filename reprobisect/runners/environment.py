@@ -28,6 +28,11 @@ never drags TensorFlow in. Every probe is best effort: a failing probe records
 What ``torch.compile`` detection can see: ``torch.compiler.is_compiling()`` (true only
 while tracing), and ``torch._dynamo``'s global counters (frames compiled so far). A
 compiled model that has not run yet, or one compiled in another process, reads as eager.
+Under the recorder, ``torch.compile`` holds what it observed
+(``runners.compile_torch.execution``): ``mode`` (eager/compiled, as the modules actually
+ran), ``backend``, ``regions`` (each compiled module, how it was compiled, how it ran),
+``disabled_by`` (``TORCH_COMPILE_DISABLE=1`` ...), ``unobserved`` (module names whose
+activations were not recorded because they ran compiled) and a ``note`` in words.
 """
 
 from __future__ import annotations
@@ -195,6 +200,11 @@ def _compile_state(torch) -> dict[str, Any]:
         except Exception:
             pass
     out["mode"] = "compiled" if out["compiling"] or out["frames_compiled"] else "eager"
+    watch = sys.modules.get("reprobisect.runners.compile_torch")  # the recorder's view (imported with it)
+    if watch is not None:
+        seen = watch.execution()
+        if seen.get("mode"):  # what ran compiled, observed by the recorder's hooks
+            out.update(seen)
     return out
 
 

@@ -283,6 +283,11 @@ class _Run:
             )
         if isinstance(e, KeyboardInterrupt):
             return Outcome("crashed", detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
+        traced = _compile_traced_recorder(e)
+        if traced is not None:  # torch.compile failed on reprobisect's own hook code: ours, not the program's
+            return Outcome("infra", step=step, traceback=_format_tb(e), detail=(
+                f"torch.compile failed while tracing reprobisect's recorder hooks at step {step} ({traced}); "
+                "a reprobisect bug, not your program's: this probe is no evidence either way"))
         return Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
 
     def seal(self, outcome: Outcome) -> None:
@@ -355,6 +360,24 @@ def _stop_outcome(stop: Any) -> Outcome:
     status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra", "no_steps": "no_steps"}[stop.reason]
     return Outcome(status, detail=stop.detail, step=None if status in ("ok", "no_steps") else stop.step,
                    traceback=getattr(stop, "traceback", None) if status == "infra" else None)
+
+
+def _compile_traced_recorder(e: BaseException) -> str | None:
+    """``Type: first line`` of a torch.compile (dynamo/inductor) error raised while tracing
+    the recorder's own code (its file named in dynamo's user-code stack), else None."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and all(cur is not s for s in seen) and len(seen) < 20:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for x in reversed(seen):  # the first cause first
+        if type(x).__module__.startswith(("torch._dynamo", "torch._inductor")) and here in str(x):
+            first = str(x).strip().splitlines()[0] if str(x).strip() else ""
+            return f"{type(x).__name__}: {first}" if first else type(x).__name__
+    return None
 
 
 def _format_tb(e: BaseException) -> str:

@@ -126,6 +126,7 @@ import numpy as np
 import torch
 
 from reprobisect.runners import fingerprint_torch as fpt
+from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
 from reprobisect.trace.format import KINDS, Record, stat_value
 
@@ -268,17 +269,52 @@ ACTIVE: "TorchRecorder | None" = None
 """The recorder installed in this process, if any (Lightning's callback factory asks)."""
 
 
+_is_compiling = torch.compiler.is_compiling
+
+EAGER: dict[str, Callable] = {}
+"""Hook name -> its call wrapped in ``torch.compiler.disable``, filled on the first
+``torch.compile`` call (``compile_torch.install_compile_watch``). From then on the step
+hooks always run through it: one that dynamo traces (a training step compiled whole) runs
+eagerly behind a graph break at a step boundary instead of being traced to nothing, and
+one called eagerly from a compiled frame (after a graph break) does not have its own
+frames compiled one by one (fingerprints must be computed as in eager)."""
+
+
 def _hook(fn: Callable) -> Callable:
     """A recorder hook: its own failure must never read as the user's program crashing (a
     reprobisect bug is no evidence about their code, and a search would blame a commit for
     it). It ends the probe as ``infra`` instead: raised at once from Python-level hooks,
-    from the autograd engine's gradient hook at the next forward or optimizer hook."""
+    from the autograd engine's gradient hook at the next forward or optimizer hook.
+
+    Under torch.compile it stays out of the graph: the forward hooks trace to nothing
+    (no graph break inside the user's model: ``runners.compile_torch``); the step hooks
+    call their ``EAGER`` version."""
+    name = fn.__name__
 
     @functools.wraps(fn)
     def hook(self: "TorchRecorder", *args: Any, **kwargs: Any) -> Any:
-        return self.guarded(fn.__name__, fn, self, *args, stop_now=fn.__name__ != "_grad_hook", **kwargs)
+        eager = EAGER.get(name)
+        if eager is not None:  # torch.compile in use: never let dynamo trace the recorder's body
+            return eager(self, *args, **kwargs)
+        if _is_compiling():
+            return None
+        return self.guarded(name, fn, self, *args, stop_now=name != "_grad_hook", **kwargs)
 
+    hook._reprobisect_body = fn  # type: ignore[attr-defined]
     return hook
+
+
+def eager_hooks() -> None:
+    """Fill ``EAGER`` for the step hooks (imports torch._dynamo: only once torch.compile is used)."""
+    if EAGER:
+        return
+    for name in ("_add_losses", "_skipped_step", "_grad_hook", "_on_batch", "_opt_pre", "_opt_post"):
+        fn = TorchRecorder.__dict__[name]._reprobisect_body
+
+        def call(self: "TorchRecorder", *args: Any, _fn: Callable = fn, _name: str = name, **kwargs: Any) -> Any:
+            return self.guarded(_name, _fn, self, *args, stop_now=_name != "_grad_hook", **kwargs)
+
+        EAGER[name] = torch.compiler.disable(call, recursive=True)
 
 
 class TorchRecorder:
@@ -336,6 +372,7 @@ class TorchRecorder:
         self._train_mode_roots: set[int] = set()  # roots that trained in train() mode
         self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
         self._capped_noted = False
+        self._fwd_hooks: Any = None
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -424,9 +461,13 @@ class TorchRecorder:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
+        from reprobisect.runners import compile_torch
+
+        self._fwd_hooks = compile_torch.ForwardHooks(self)  # compile-aware entry points
+        self._undo.append(compile_torch.install_compile_watch())
         self._handles += [
-            nn_module.register_module_forward_pre_hook(self._fwd_pre),
-            nn_module.register_module_forward_hook(self._fwd, with_kwargs=True, always_call=True),
+            nn_module.register_module_forward_pre_hook(self._fwd_hooks.pre),
+            nn_module.register_module_forward_hook(self._fwd_hooks.post, with_kwargs=True, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
@@ -625,6 +666,7 @@ class TorchRecorder:
 
     def add_root(self, module: torch.nn.Module) -> str:
         """Register ``module`` as a root (the first one is the model); returns its prefix."""
+        module = unwrap(module)  # torch.compile's wrapper: names are the user's module's
         hit = self._roots.get(id(module))
         if hit is not None and hit[0]() is module:
             return hit[1]
@@ -643,10 +685,11 @@ class TorchRecorder:
                 k += 1
         self._roots[id(module)] = (weakref.ref(module), prefix)
         for path, m in module.named_modules():
+            path = user_path(path)
             full = prefix + ("." if prefix and path else "") + path
             self._names.setdefault(id(m), full or prefix)
         for path, p in module.named_parameters():
-            self._param_names.setdefault(id(p), prefix + ("." if prefix else "") + path)
+            self._param_names.setdefault(id(p), prefix + ("." if prefix else "") + user_path(path))
             self._watch_grad(p)
         return prefix
 
@@ -660,7 +703,7 @@ class TorchRecorder:
         """Record the recorder's own failure once, go quiet, and return the StopRun that
         ends the probe as ``infra``."""
         if self.failed is None:
-            self.failed = f"{where.lstrip('_')}: {type(e).__name__}: {e}"
+            self.failed = f"{where.lstrip('_')}: {first_cause(e)}"  # the original error, not a later one it caused
             detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
                       "not your program's: this probe is no evidence either way")
             self.notes.append(detail)
@@ -692,6 +735,7 @@ class TorchRecorder:
         which training never calls through ``__call__``, so that names match its
         ``state_dict`` keys. Only before the first step is written (names must not change
         within a trace); later it is noted and ignored."""
+        module = unwrap(module)
         hit = self._roots.get(id(module))
         if hit is not None and hit[0]() is module and self._primary == id(module):
             return
@@ -705,9 +749,9 @@ class TorchRecorder:
         self._primary_mods = {id(m) for m in module.modules()}
         self._roots[id(module)] = (weakref.ref(module), "")
         for path, m in module.named_modules():
-            self._names[id(m)] = path
+            self._names[id(m)] = user_path(path)
         for path, p in module.named_parameters():
-            self._param_names[id(p)] = path
+            self._param_names[id(p)] = user_path(path)
             self._watch_grad(p)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -725,7 +769,10 @@ class TorchRecorder:
         return name
 
     def _param_name(self, p: torch.Tensor, g: int, i: int) -> str:
-        return self._param_names.get(id(p)) or f"param_groups.{g}.{i}"
+        name = self._param_names.get(id(p))
+        if name is None and not self.step and self._fwd_hooks is not None and self._fwd_hooks.root_from_compiled(p):
+            name = self._param_names.get(id(p))  # a model set up with model.compile(): its hooks never fire
+        return name or f"param_groups.{g}.{i}"
 
     # -- hooks --------------------------------------------------------------------
 
