@@ -221,6 +221,11 @@ def zoom_target(divergence: Any) -> tuple[str, int]:
         if getattr(d, "localization", None) == "between_modules":
             base = module.split("#", 1)[0]
             module = base.rsplit(".", 1)[0] if "." in base else ""  # the change is in the parent's forward
+    elif kind == "init":
+        raise UsageError(
+            f"the first divergence is an initial parameter ('{name}', before any training step): no op ran "
+            "to zoom into; the initialization itself differs (an unseeded or differently seeded model)"
+        )
     else:
         raise UsageError(
             f"the divergence is a {kind} ('{name}' at step {step}), not a module output; "

@@ -257,8 +257,8 @@ def test_model_compile_of_the_whole_model_keeps_the_parameter_names(runs) -> Non
     assert env["unobserved"] == ["*", "<input>", "<output>"]
     assert any("inputs and outputs are not recorded" in n for n in t.manifest.extra["notes"])
     names = _names(t)[0]
-    assert {k for k, _ in names} == {"loss", "grad", "param", "optim_state"}
-    assert names == {x for x in _names(eager)[0] if x[0] in ("loss", "grad", "param", "optim_state")}
+    assert {k for k, _ in names} == {"init", "loss", "grad", "param", "optim_state"}
+    assert names == {x for x in _names(eager)[0] if x[0] in ("init", "loss", "grad", "param", "optim_state")}
     c = compare_traces(eager, t, Tolerance(mode="default"))
     assert all(d.verdict != "missing" for d in (c.first, *c.next) if d is not None), str(c)
 
@@ -347,7 +347,7 @@ def test_a_training_step_compiled_whole_is_recorded_at_its_step_hooks(tmp_path: 
     assert len(t.steps) == 3
     assert [(r.kind, r.name) for r in t.steps[0].records if r.kind in ("loss", "param")] == [
         ("loss", "loss"), ("param", "0.weight"), ("param", "0.bias"), ("param", "2.weight"), ("param", "2.bias")]
-    assert {r.kind for r in t.steps[0].records} == {"loss", "grad", "param", "optim_state"}
+    assert {r.kind for r in t.steps[0].records} == {"init", "loss", "grad", "param", "optim_state"}
     env = _compile_env(t)
     assert env["mode"] == "compiled" and env["unobserved"] == ["*", "<input>", "<output>"]
     assert env["regions"][0]["function"] == "train_step" and "function train_step" in env["note"]
@@ -525,6 +525,7 @@ def test_record_api_with_a_model_compiled_before_it(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     t = read_trace(tmp_path / "t")
     assert [(x.kind, x.name) for x in t.steps[0].records] == [
+        *[("init", n) for n in ("0.weight", "0.bias", "2.weight", "2.bias")],
         ("input", "input"), ("output", "output"), ("loss", "loss"),
         *[(k, n) for k in ("grad", "param") for n in ("0.weight", "0.bias", "2.weight", "2.bias")]]
     env = _compile_env(t)

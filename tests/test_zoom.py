@@ -215,6 +215,8 @@ def test_zoom_target_from_divergences():
     assert zoom_target(D(kind="output", name="output", step=0, localization="first")) == ("", 0)
     with pytest.raises(UsageError, match="the divergence is a grad .* not a module output"):
         zoom_target(D(kind="grad", name="fc.weight", step=1, localization="first"))
+    with pytest.raises(UsageError, match=r"initial parameter \('fc.weight'.*initialization itself differs"):
+        zoom_target(D(kind="init", name="fc.weight", step=0, localization="first"))
 
 
 # -- end to end: two versions of a script, through the launcher -----------------------

@@ -308,7 +308,7 @@ def eager_hooks() -> None:
     """Fill ``EAGER`` for the step hooks (imports torch._dynamo: only once torch.compile is used)."""
     if EAGER:
         return
-    for name in ("_add_losses", "_skipped_step", "_grad_hook", "_on_batch", "_opt_pre", "_opt_post"):
+    for name in ("_add_losses", "_after_backward", "_skipped_step", "_grad_hook", "_on_batch", "_opt_pre", "_opt_post"):
         fn = TorchRecorder.__dict__[name]._reprobisect_body
 
         def call(self: "TorchRecorder", *args: Any, _fn: Callable = fn, _name: str = name, **kwargs: Any) -> Any:
@@ -363,6 +363,7 @@ class TorchRecorder:
         self._eval_runs: list[dict[str, Any]] = []  # evaluation since the last step ended
         self._eval_cur: dict[str, Any] | None = None
         self._init_roots: set[int] = set()
+        self._init_params: set[int] = set()  # parameters whose initial value is recorded (step 0)
         self._primary_mods: set[int] = set()
         self._bw_snap: dict[int, tuple[Any, int | None, torch.Tensor]] = {}  # no optimizer: params at backward
         self._backwards_idle = 0  # backward() calls with no optimizer and no parameter update
@@ -831,7 +832,21 @@ class TorchRecorder:
                 continue
             self._init_roots.add(key)
             for path, p in m.named_parameters():
-                self._add("init", self._param_names.get(id(p)) or path, p, fresh=True)
+                if id(p) not in self._init_params:
+                    self._init_params.add(id(p))
+                    self._add("init", self._param_names.get(id(p)) or path, p, fresh=True)
+
+    def _record_init_of(self, opt: torch.optim.Optimizer) -> None:
+        """Initial values of ``opt``'s parameters no training forward showed (a model only
+        ever called compiled runs no forward hook): still before the first update here."""
+        if self.step != 0 or self._opt_posts:
+            return
+        with torch.no_grad():
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    if id(p) not in self._init_params:
+                        self._init_params.add(id(p))
+                        self._add("init", self._param_name(p, g, i), p, fresh=True)
 
     # -- evaluation -----------------------------------------------------------------
 
@@ -1196,6 +1211,7 @@ class TorchRecorder:
 
     def _record_grads(self, opt: torch.optim.Optimizer) -> None:
         t0 = time.perf_counter()
+        self._record_init_of(opt)  # (before the update; after a closure's forward has named the model)
         missing: list[str] = []
         have = 0
         with torch.no_grad():
