@@ -144,7 +144,7 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     trace = Path(out)
     if not trace.is_absolute():
         trace = workdir / trace
-    from reprobisect.outdir import check_trace_target
+    from reprobisect.trace.outdir import check_trace_target
 
     # new, empty, or verifiably a reprobisect trace (its manifest parses as one), and writable
     check_trace_target(trace)

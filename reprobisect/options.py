@@ -116,12 +116,12 @@ class ProbeOptions:
     def make_executor(self):
         """The executor these options ask for (a context manager: ``with ... as ex``).
 
-        ``out``, when given, must be new, empty or reprobisect's own (``reprobisect.outdir``).
+        ``out``, when given, must be new, empty or reprobisect's own (``reprobisect.trace.outdir``).
         """
         from reprobisect.executors import make_executor
 
         if self.out is not None:
-            from reprobisect.outdir import prepare_output_dir
+            from reprobisect.trace.outdir import prepare_output_dir
 
             prepare_output_dir(self.out)
 
@@ -308,7 +308,7 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
         config = kwargs.pop("config")
         options = build_options(cli, config)
         if options.out is not None:  # before any probe runs: refuse a folder that is not ours
-            from reprobisect.outdir import prepare_output_dir
+            from reprobisect.trace.outdir import prepare_output_dir
 
             prepare_output_dir(options.out)
         kwargs["options"] = options

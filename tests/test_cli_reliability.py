@@ -19,7 +19,7 @@ import pytest
 
 from reprobisect.cli import EXIT_INTERNAL, PROBE_EXIT_INTERNAL, PROBE_EXIT_USAGE, main
 from reprobisect.errors import TraceError, UsageError
-from reprobisect.outdir import MARKER, check_trace_target, is_trace_dir, prepare_output_dir
+from reprobisect.trace.outdir import MARKER, check_trace_target, is_trace_dir, prepare_output_dir
 from reprobisect.trace import Record, TraceWriter, read_trace
 
 PY = sys.executable

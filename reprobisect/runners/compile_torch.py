@@ -166,8 +166,9 @@ _LAST: "weakref.ref | None" = None  # the ForwardHooks of the last recorder inst
 _HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
-def install_compile_watch() -> Callable[[], None]:
-    """Wrap ``torch.compile`` to note its calls; returns the undo."""
+def install_compile_watch(on_compile: Callable[[], None]) -> Callable[[], None]:
+    """Wrap ``torch.compile`` to note its calls and call ``on_compile`` (the recorder keeps
+    its step hooks out of dynamo from then on); returns the undo."""
     orig = torch.__dict__["compile"]
     if getattr(orig, "_reprobisect_watch", False):
         return lambda: None
@@ -176,9 +177,7 @@ def install_compile_watch() -> Callable[[], None]:
     def compile(model: Any = None, **kwargs: Any) -> Any:
         try:
             COMPILES.note(model, kwargs)
-            from reprobisect.runners.torch import eager_hooks
-
-            eager_hooks()
+            on_compile()
         except Exception:  # noting must never stand in the way of the user's compile
             pass
         if model is None:
@@ -189,9 +188,7 @@ def install_compile_watch() -> Callable[[], None]:
     torch.compile = compile  # type: ignore[assignment]
     if "torch._dynamo" in sys.modules:  # compiled before the recorder was installed (record() API)
         try:
-            from reprobisect.runners.torch import eager_hooks
-
-            eager_hooks()
+            on_compile()
         except Exception:
             pass
     # OptimizedModule warns on every call that global hooks (the recorder's) fire for it

@@ -465,7 +465,7 @@ class TorchRecorder:
         from reprobisect.runners import compile_torch
 
         self._fwd_hooks = compile_torch.ForwardHooks(self)  # compile-aware entry points
-        self._undo.append(compile_torch.install_compile_watch())
+        self._undo.append(compile_torch.install_compile_watch(eager_hooks))
         self._handles += [
             nn_module.register_module_forward_pre_hook(self._fwd_hooks.pre),
             nn_module.register_module_forward_hook(self._fwd_hooks.post, with_kwargs=True, always_call=True),

@@ -92,7 +92,7 @@ def _clear_previous(path: Path) -> None:
         return
     if path.is_symlink() or not path.is_dir():
         raise TraceError(f"'{path}' exists and is not a trace folder; choose another output path (nothing was deleted)")
-    from reprobisect.outdir import is_trace_dir
+    from reprobisect.trace.outdir import is_trace_dir
 
     # a file merely named manifest.json is not a trace: only a manifest that parses as one
     if any(path.iterdir()) and not is_trace_dir(path):
