@@ -45,6 +45,8 @@ class CaptureConfig:
     """End the run at the first NaN/Inf (outcome ``nonfinite``)."""
     max_disk: int | None = None
     """Bound in bytes for the trace's full tensors and state."""
+    max_records_per_step: int | None = None
+    """Bound on a step's forward records (None: the recorder's default); past it they are counted, not recorded."""
     python: str | None = None
     """Interpreter to run instead of the command's own ``python``."""
     env: Mapping[str, str] | None = None
@@ -60,6 +62,8 @@ class CaptureConfig:
             raise UsageError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
         if self.max_disk is not None and self.max_disk <= 0:
             raise UsageError(f"--max-disk must be a positive number of bytes, got {self.max_disk}")
+        if self.max_records_per_step is not None and self.max_records_per_step < 1:
+            raise UsageError(f"--max-records-per-step must be at least 1, got {self.max_records_per_step}")
 
     def spec(self, argv: Sequence[str], workdir: Path) -> ProbeSpec:
         extra: list[str] = []
@@ -67,6 +71,8 @@ class CaptureConfig:
             extra += ["--seed", str(self.seed)]
         if self.max_disk is not None:
             extra += ["--max-disk", str(self.max_disk)]
+        if self.max_records_per_step is not None:
+            extra += ["--max-records-per-step", str(self.max_records_per_step)]
         return ProbeSpec(
             key="capture",
             argv=tuple(argv),

@@ -160,6 +160,10 @@ def test_protocol_and_usage_errors(cluster):
         assert isinstance(ex, Executor)
         assert ex.name == "ray"
         assert ex.max_parallel == 3  # three 1-CPU nodes
+        # its temporary folder is marked as this process's (a SIGKILL'd session's is cleaned later)
+        from reprobisect.interrupt import OWNER_FILE
+
+        assert ex.out_dir.name.startswith("reprobisect-ray-traces-") and (ex.out_dir / OWNER_FILE).is_file()
     with pytest.raises(UsageError, match="unknown placement 'diagonal'"):
         RayExecutor(placement="diagonal")
     with pytest.raises(ProbeError, match=r"no node of the Ray cluster can run a probe that needs .*4 GPU.*largest node has .*1 GPU"):

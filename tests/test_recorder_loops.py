@@ -309,6 +309,21 @@ def test_records_per_step_are_bounded_and_lbfgs_reevaluations_counted(tmp_path: 
     assert "--max-records-per-step" in err and "--max-records-per-step" in " ".join(t.manifest.extra["notes"])
 
 
+def test_capture_takes_the_records_bound_its_message_names(tmp_path: Path) -> None:
+    """The note names --max-records-per-step: `bisect capture` must accept it (and refuse nonsense)."""
+    script = tmp_path / "cell.py"
+    script.write_text(textwrap.dedent(CELL))
+    out = tmp_path / "cli.trace"
+    r = subprocess.run([PY, "-m", "reprobisect", "capture", "-q", "--steps", "1", "--max-records-per-step", "10",
+                        "-o", str(out), "--", PY, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_trace(out).steps[0].scalars["max_records_per_step"] == 10
+    bad = subprocess.run([PY, "-m", "reprobisect", "capture", "--max-records-per-step", "0", "-o", str(tmp_path / "x"),
+                          "--", PY, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-records-per-step must be at least 1" in bad.stderr
+    assert not (tmp_path / "x").exists()
+
+
 TEACHER = """
 import torch
 from torch import nn

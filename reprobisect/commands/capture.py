@@ -28,10 +28,13 @@ __all__ = ["command"]
 @click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before the command is killed.")
 @click.option("--stop-on-nonfinite", is_flag=True, help="End the run at the first NaN/Inf.")
 @click.option("--max-disk", type=int, default=None, help="Bound in bytes for full tensors and state.")
+@click.option("--max-records-per-step", type=int, default=None,
+              help="Bound on forward records (inputs, activations, outputs) a step; past it they are counted, not recorded [20000].")
 @click.option("-q", "--quiet", is_flag=True, help="Do not stream the command's output (it is kept in the trace's output.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, quiet, as_json, cmd) -> int:
+def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, max_records_per_step, quiet, as_json,
+            cmd) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace."""
     from reprobisect.capture import CaptureConfig, capture
 
@@ -43,6 +46,7 @@ def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinit
         timeout=timeout,
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
+        max_records_per_step=max_records_per_step,
         quiet=quiet or as_json,  # --json: stdout is the JSON only
     )
     result = capture(list(cmd), out, config)

@@ -438,7 +438,12 @@ class RayExecutor:
         self._runner = runner
         self._session = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
         self._own_out = out_dir is None
-        self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="reprobisect-ray-traces-"))
+        if out_dir:
+            self.out_dir = Path(out_dir)
+        else:  # marked as this process's: a SIGKILL'd session's folder is cleaned by the next start
+            from reprobisect.interrupt import make_temp_dir
+
+            self.out_dir = make_temp_dir("reprobisect-ray-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
         self._owns_ray = not ray.is_initialized()
