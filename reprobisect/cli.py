@@ -133,11 +133,9 @@ def _debug(args: list[str]) -> bool:
 
 
 def _log_dir() -> Path:
-    base = os.environ.get("REPROBISECT_CACHE_DIR")
-    if base:
-        return Path(base) / "logs"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "reprobisect" / "logs"
+    from reprobisect.cachedir import user_cache_dir
+
+    return user_cache_dir() / "logs"
 
 
 def _write_traceback(exc: BaseException, args: list[str]) -> str | None:

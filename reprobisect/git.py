@@ -316,16 +316,6 @@ def _is_full_hash(rev: str) -> bool:
     return len(rev) in (40, 64) and all(c in "0123456789abcdef" for c in rev)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Remove worktree folders of dead sessions under ``cache_dir`` (default
     ``default_cache_dir(repo)``), then ``git worktree prune``; returns what was removed.
@@ -335,7 +325,7 @@ def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: 
     by a SIGKILL'd session: its folder goes at a later start, once that probe has ended).
     Runs when a pool starts and when ``bisect runs`` starts (its probes may all be cached).
     """
-    from reprobisect.interrupt import in_use
+    from reprobisect.interrupt import in_use, pid_alive
 
     info = _info(repo)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(info)
@@ -344,7 +334,7 @@ def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: 
     for d in cache.iterdir() if cache.is_dir() else ():
         h, _, _token = d.name.rpartition("-")  # host-pid-token
         h, _, pid = h.rpartition("-")
-        if h != host or not pid.isdigit() or _pid_alive(int(pid)) or in_use(d):
+        if h != host or not pid.isdigit() or pid_alive(int(pid)) or in_use(d):
             continue
         for wt in sorted(d.iterdir()) if d.is_dir() else ():
             _git(["worktree", "remove", "--force", str(wt)], info.root, check=False)

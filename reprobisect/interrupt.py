@@ -42,6 +42,7 @@ __all__ = [
     "signals_as_interrupt",
     "exit_code",
     "make_temp_dir",
+    "pid_alive",
     "clean_stale_temp_dirs",
     "owner_alive",
     "in_use",
@@ -143,6 +144,17 @@ def owner_record() -> dict[str, object]:
     return {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid())}
 
 
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def owner_alive(record: dict) -> bool:
     """True unless the owner in ``record`` is provably gone (same host, pid dead or reused).
 
@@ -154,12 +166,8 @@ def owner_alive(record: dict) -> bool:
         return True
     if record.get("host") != socket.gethostname() or pid <= 0:
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     start = record.get("start")
     now = _start_time(pid)
     if start is not None and now is not None and str(start) != now:

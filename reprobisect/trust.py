@@ -40,11 +40,9 @@ _VERSION = 1
 
 def key_path() -> Path:
     """Where this user's secret lives (``$REPROBISECT_CACHE_DIR`` or ``~/.cache/reprobisect``)."""
-    base = os.environ.get("REPROBISECT_CACHE_DIR")
-    if base:
-        return Path(base) / "trust-key"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "reprobisect" / "trust-key"
+    from reprobisect.cachedir import user_cache_dir
+
+    return user_cache_dir() / "trust-key"
 
 
 def _key(create: bool) -> bytes | None:

@@ -136,11 +136,9 @@ _status = "not loaded yet"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("REPROBISECT_CACHE_DIR")
-    if base:
-        return Path(base).expanduser() / "native"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "reprobisect" / "native"
+    from reprobisect.cachedir import user_cache_dir
+
+    return user_cache_dir() / "native"
 
 
 def _compiler() -> str | None:
