@@ -830,9 +830,13 @@ def _ranges(xs: list[int]) -> str:
 
 
 def compare_paths(
-    a: str | os.PathLike, b: str | os.PathLike, *, tolerance: Tolerance | None = None, allow_incomplete: bool = False
+    a: str | os.PathLike, b: str | os.PathLike, *, tolerance: Tolerance | None = None, allow_incomplete: bool = False,
+    verify: bool = False,
 ) -> Comparison:
-    """Read and validate both traces, then ``compare_traces``; a bad trace raises ``TraceError``."""
-    ta = read_trace(a, allow_incomplete=allow_incomplete)
-    tb = read_trace(b, allow_incomplete=allow_incomplete)
+    """Read and validate both traces, then ``compare_traces``; a bad trace raises ``TraceError``.
+
+    ``verify``: check every file of both traces against its SHA-256 first (matching
+    fingerprints are otherwise compared without reading the tensor shards they stand for)."""
+    ta = read_trace(a, allow_incomplete=allow_incomplete, verify=verify)
+    tb = read_trace(b, allow_incomplete=allow_incomplete, verify=verify)
     return compare_traces(ta, tb, tolerance)

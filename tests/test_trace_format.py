@@ -677,6 +677,12 @@ def test_verify_trace_finds_a_corrupt_shard_that_fingerprint_compare_never_reads
         verify_trace(b)
     with pytest.raises(TraceError, match="does not match its checksum"):
         read_trace(b, verify=True)
+    with pytest.raises(TraceError, match="does not match its checksum"):
+        compare_paths(a, b, verify=True)
+    from reprobisect.cli import main
+
+    assert main(["compare", str(a), str(b)]) == 0
+    assert main(["compare", "--verify", str(a), str(b)]) == 2
 
 
 def test_every_dtype_name_a_recorder_gives_is_accepted():

@@ -28,12 +28,14 @@ __all__ = ["command"]
 @click.option("--override", "overrides", multiple=True, metavar="GLOB=ATOL,RTOL",
               help="Per-tensor rule on 'kind/name', e.g. 'grad/*=1e-5,1e-4' or 'param/*=bitwise'. Repeatable; first match wins.")
 @click.option("--allow-incomplete", is_flag=True, help="Read incomplete or failed traces up to their last whole step.")
+@click.option("--verify", is_flag=True,
+              help="Check every file of both traces against its SHA-256 first (tensor shards are otherwise read only when needed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
 @click.option("--trust-trace", is_flag=True,
               help="With --zoom: re-run the commands recorded in traces this machine did not record, without asking.")
 def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | None, overrides: tuple[str, ...],
-            allow_incomplete: bool, as_json: bool, zoom: bool, trust_trace: bool) -> None:
+            allow_incomplete: bool, verify: bool, as_json: bool, zoom: bool, trust_trace: bool) -> None:
     """Name the first step, stage and tensor where traces A and B disagree.
 
     Exit status: 0 when they agree (identical, or within the tolerance), 1 when they
@@ -51,7 +53,7 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
         tol = Tolerance(mode="explicit", atol=atol, rtol=rtol, overrides=[Tolerance.parse_override(o) for o in overrides])
     else:
         tol = Tolerance(mode=mode or "auto", overrides=[Tolerance.parse_override(o) for o in overrides])
-    result = compare_paths(a, b, tolerance=tol, allow_incomplete=allow_incomplete)
+    result = compare_paths(a, b, tolerance=tol, allow_incomplete=allow_incomplete, verify=verify)
 
     zoomed = None
     if zoom and not result and result.first is not None:
