@@ -10,6 +10,9 @@ each one is given only when the evidence makes its cause plausible:
                        parameters differ at step 0 and the manifest says ``seed: null``),
                        or string hashing (``PYTHONHASHSEED`` unset or different, and the
                        first divergence is in data order while the parameters agree).
+``evaluation_hint``    evaluation that drew from the global RNG moved the training data
+                       after it (the evaluation before the first differing ``batch``/``input``
+                       differed, everything before agreed).
 ``lr_note``            a learning-rate / scheduler difference next to a ``param``
                        divergence whose gradients agreed (shown under the divergence).
 
@@ -34,6 +37,7 @@ __all__ = [
     "seed_hint",
     "hashseed_hint",
     "lr_note",
+    "evaluation_hint",
     "SEED_FIX",
 ]
 
@@ -316,18 +320,61 @@ def hashseed_hint(trace_a: Any, trace_b: Any, comp: Any, *, given: tuple[str | N
     return None
 
 
+_EVAL_KEYS = ("phase", "forwards", "batches", "samples", "ids_fingerprint")
+
+
+def _evaluation_until(trace: Any, k: int) -> list[tuple[int, tuple[Any, ...]]]:
+    """The evaluation runs recorded in steps ``<= k`` (``scalars.eval``), without timing."""
+    out = []
+    for s in getattr(trace, "steps", ()):
+        if s.step > k:
+            break
+        for run in (s.scalars or {}).get("eval") or ():
+            if isinstance(run, dict):
+                out.append((s.step, tuple(run.get(key) for key in _EVAL_KEYS)))
+    return out
+
+
+def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
+    """Evaluation that changed the training data after it: the first divergence is the data
+    of a training step (``batch``/``input``) and the evaluation before it differed in what
+    it drew (forwards, batches, samples) while everything recorded before agreed. An
+    evaluation loop that draws from the global RNG (``torch.randint``, a sampler without its
+    own generator) shifts the batches of every training step after it."""
+    first = getattr(comp, "first", None)
+    if first is None or first.kind not in ("batch", "input") or trace_a is None or trace_b is None:
+        return None
+    if _init_differs(comp, trace_a, trace_b):
+        return None
+    ea, eb = _evaluation_until(trace_a, first.step), _evaluation_until(trace_b, first.step)
+    if ea == eb:
+        return None
+    where = next((sa for (sa, ra), (_, rb) in zip(ea, eb) if ra != rb), None)
+    if where is None:  # one side evaluated more often
+        longer = ea if len(ea) > len(eb) else eb
+        where = longer[min(len(ea), len(eb))][0]
+    return (f"the evaluation before step {first.step} differed between the runs (first in step {where}'s "
+            f"evaluation) and the training data of step {first.step} is the first difference: evaluation that "
+            "draws from the global RNG (torch.randint, a shuffled sampler without its own generator) moves the "
+            "training batches after it; give evaluation its own torch.Generator to keep training independent of it")
+
+
 def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: tuple[str | None, ...] = ()) -> list[str]:
     """Every hint the evidence supports for a comparison of two runs (``hint: `` not included).
 
     ``trace_a``/``trace_b``: the ``Trace`` objects (or None when not at hand: then only
-    what ``comp`` alone shows is said). Order: seed, then string hashing. The learning-rate
-    note is ``lr_note`` (shown under the divergence itself, not as a hint).
+    what ``comp`` alone shows is said). Order: seed, then evaluation that moved the data
+    (else string hashing). The learning-rate note is ``lr_note`` (shown under the
+    divergence itself, not as a hint).
     """
     if comp is None or getattr(comp, "first", None) is None:
         return []
     out: list[str] = []
-    for h in (seed_hint(trace_a, trace_b, comp),
-              hashseed_hint(trace_a, trace_b, comp, given=given_hashseeds)):
-        if h:
-            out.append(h)
+    seed = seed_hint(trace_a, trace_b, comp)
+    if seed:
+        out.append(seed)
+    # evaluation that moved the data explains a data-order difference better than hashing
+    data = evaluation_hint(trace_a, trace_b, comp) or hashseed_hint(trace_a, trace_b, comp, given=given_hashseeds)
+    if data:
+        out.append(data)
     return out

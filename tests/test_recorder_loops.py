@@ -361,3 +361,58 @@ def test_training_in_eval_mode_is_still_training(tmp_path: Path) -> None:
     for k, s in enumerate(t.steps):
         assert s.batch_ids == list(range(8 * k, 8 * k + 8))
         assert {(r.kind, r.name) for r in s.records} >= {("input", "input"), ("activation", "1"), ("output", "output")}
+
+
+# nanoGPT's shape: batches from torch.randint on the global RNG, for training and for
+# estimate_loss alike, so the number of evaluation batches moves every training batch after it
+GLOBAL_RNG_EVAL = """
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+data = torch.randn(256, 4)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+eval_iters = int(sys.argv[1])
+
+def get_batch():
+    ix = torch.randint(len(data), (8,))
+    return data[ix]
+
+for it in range(3):
+    if it == 1:
+        model.eval()
+        with torch.no_grad():
+            for _ in range(eval_iters):
+                model(get_batch()).mean()
+        model.train()
+    opt.zero_grad()
+    model(get_batch()).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_evaluation_that_moves_the_training_data_is_named(tmp_path: Path) -> None:
+    """Changing only eval_iters really changes training when evaluation draws from the
+    global RNG: the verdict must say so (diverged at the next step's input) and the hint
+    must name evaluation, not PYTHONHASHSEED."""
+    from reprobisect.render import render_comparison
+
+    def run(name: str, iters: int) -> Path:
+        script = tmp_path / "g.py"
+        script.write_text(textwrap.dedent(GLOBAL_RNG_EVAL))
+        trace = tmp_path / f"{name}.trace"
+        r = subprocess.run([PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", "3", "--",
+                            str(script), str(iters)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": "random"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return trace
+
+    a, b, a2 = run("a", 2), run("b", 3), run("a2", 2)
+    same(a, a2)
+    c = compare_traces(read_trace(a), read_trace(b))
+    assert not c and c.first.step == 1 and c.first.kind == "input", str(c)
+    text = render_comparison(c)
+    assert "evaluation before step 1 differed" in text and "own torch.Generator" in text, text
+    assert "PYTHONHASHSEED" not in text.split("verdict:")[-1], text
