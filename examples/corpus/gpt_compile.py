@@ -16,6 +16,11 @@ corpus, not copied. Patterns it exercises:
 - a warmup + cosine learning rate written into ``param_groups`` every iteration;
 - gradient accumulation (2 micro-steps, loss scaled by 1/2) and gradient clipping.
 
+Compiled on CPU with more than one thread, the embedding's backward adds in a
+thread-dependent order: two runs differ in ``tok_emb.weight``'s gradient by ~1e-12 (which
+``bisect repro`` names). ``--deterministic 1`` calls ``torch.use_deterministic_algorithms``
+and makes compiled runs bitwise repeatable; the tests use it.
+
     python gpt_compile.py --max_iters=6 --compile=False
     bisect capture -o gpt.trace --steps 3 -- python gpt_compile.py --compile 0
 
@@ -62,6 +67,7 @@ eval_iters = 2
 log_interval = 1
 seed = 1337
 compile = True
+deterministic = False  # torch.use_deterministic_algorithms: compiled CPU kernels add in a fixed order
 # ---------------------------------------------------------------------------------------
 
 
@@ -192,6 +198,8 @@ def get_batch(split, bs=None, generator=None):
 
 # -- setup -------------------------------------------------------------------------------
 torch.manual_seed(seed)
+if deterministic:
+    torch.use_deterministic_algorithms(True)
 model = TinyGPT()
 optimizer = model.configure_optimizers()
 if compile:
