@@ -10,9 +10,9 @@ each one is given only when the evidence makes its cause plausible:
                        parameters differ at step 0 and the manifest says ``seed: null``),
                        or string hashing (``PYTHONHASHSEED`` unset or different, and the
                        first divergence is in data order while the parameters agree).
-``evaluation_hint``    evaluation that drew from the global RNG moved the training data
-                       after it (the evaluation before the first differing ``batch``/``input``
-                       differed, everything before agreed).
+``evaluation_hint``    evaluation that drew from the global RNG moved the training after it
+                       (the evaluation before the first differing record of a training
+                       forward differed, everything before agreed).
 ``lr_note``            a learning-rate / scheduler difference next to a ``param``
                        divergence whose gradients agreed (shown under the divergence).
 
@@ -320,6 +320,7 @@ def hashseed_hint(trace_a: Any, trace_b: Any, comp: Any, *, given: tuple[str | N
     return None
 
 
+_FORWARD_KINDS = ("batch", "input", "activation", "output", "loss")
 _EVAL_KEYS = ("phase", "forwards", "batches", "samples", "ids_fingerprint")
 
 
@@ -336,13 +337,15 @@ def _evaluation_until(trace: Any, k: int) -> list[tuple[int, tuple[Any, ...]]]:
 
 
 def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
-    """Evaluation that changed the training data after it: the first divergence is the data
-    of a training step (``batch``/``input``) and the evaluation before it differed in what
-    it drew (forwards, batches, samples) while everything recorded before agreed. An
-    evaluation loop that draws from the global RNG (``torch.randint``, a sampler without its
-    own generator) shifts the batches of every training step after it."""
+    """Evaluation that changed the training after it: the first divergence is in a training
+    step's forward (its data, an activation, the output, the loss) from parameters that
+    agreed, and the evaluation before it differed in what it ran (forwards, batches,
+    samples). Evaluation that draws from the global RNG moves every random draw of training
+    after it: ``torch.randint`` batches, a shuffled sampler, dropout masks, and each new
+    DataLoader iterator, which takes its base seed from the global RNG unless the loader
+    has its own generator."""
     first = getattr(comp, "first", None)
-    if first is None or first.kind not in ("batch", "input") or trace_a is None or trace_b is None:
+    if first is None or first.kind not in _FORWARD_KINDS or trace_a is None or trace_b is None:
         return None
     if _init_differs(comp, trace_a, trace_b):
         return None
@@ -353,10 +356,12 @@ def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
     if where is None:  # one side evaluated more often
         longer = ea if len(ea) > len(eb) else eb
         where = longer[min(len(ea), len(eb))][0]
+    what = "training data" if first.kind in ("batch", "input") else "forward"
     return (f"the evaluation before step {first.step} differed between the runs (first in step {where}'s "
-            f"evaluation) and the training data of step {first.step} is the first difference: evaluation that "
-            "draws from the global RNG (torch.randint, a shuffled sampler without its own generator) moves the "
-            "training batches after it; give evaluation its own torch.Generator to keep training independent of it")
+            f"evaluation) and the {what} of step {first.step} is the first difference: evaluation that draws from "
+            "the global RNG moves every random draw of training after it (torch.randint batches, shuffling, dropout "
+            "masks; each new DataLoader iterator takes a seed from it unless the loader has a generator=); give "
+            "evaluation its own torch.Generator to keep training independent of it")
 
 
 def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: tuple[str | None, ...] = ()) -> list[str]:

@@ -373,8 +373,6 @@ def _short_reason(v: Any) -> str:
     """A verdict's reason on one line (a comparison becomes its first divergence)."""
     comp = getattr(v, "comparison", None)
     if comp is not None and not bool(comp) and getattr(comp, "first", None) is not None:
-        from reprobisect.render import render_divergence
-
         d = comp.first
         where = f"step {d.step} · {d.kind} · {d.name}" + (f" ({d.module})" if d.module else "")
         return f"differs from the good commit's trace at {where}"
@@ -468,6 +466,11 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     if getattr(comp, "explanation", ""):
         text += f"\n    ↳ likely explanation: {comp.explanation}"
         data["explanation"] = comp.explanation
+    hints = list(getattr(comp, "hints", None) or ())
+    for h in hints:
+        text += f"\n    hint: {h}"
+    if hints:
+        data["hints"] = hints
     origin = comp.origin
     if origin is not None and origin is not first:
         text += "\n  origin (inputs agree, output differs): " + render_divergence(origin)

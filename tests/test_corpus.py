@@ -329,6 +329,62 @@ def test_runs_without_link_names_the_missing_path_and_link(data_repo, env):
     assert "Traceback (most recent call last)" not in proc.stderr, _say(proc)
 
 
+def _eval_history(tmp_path_factory, edits) -> tuple[Path, str, list[str]]:
+    """A repository of mingpt_trainer.py: the first commit, then one commit per edit."""
+    repo = tmp_path_factory.mktemp("eval-history")
+    shutil.copy(CORPUS / "mingpt_trainer.py", repo / "train.py")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "trainer")
+    good, commits = _git(repo, "rev-parse", "HEAD"), []
+    text = (repo / "train.py").read_text()
+    for old, new, msg in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+        (repo / "train.py").write_text(text)
+        _git(repo, "commit", "-qam", msg)
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+    return repo, good, commits
+
+
+def _runs(repo: Path, good: str, env) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = _run([*BISECT, "runs", "--good", good, "--bad", "HEAD", "--json", "-q", "--steps", str(STEPS),
+                 "--", "python", "train.py"], repo, env)
+    return proc, _json(proc)
+
+
+def _is(commit: str, result: dict) -> bool:
+    h = result["first_bad"]["hash"]
+    return commit.startswith(h) or h.startswith(commit[:7])
+
+
+EVAL_BATCH = ('"--eval_batch_size", type=int, default=16', '"--eval_batch_size", type=int, default=5', "eval batch 5")
+EVAL_EVERY_STEP = ('"--eval_interval", type=int, default=2', '"--eval_interval", type=int, default=1', "eval every step")
+RAISE_LR = ('"--lr", type=float, default=5e-3', '"--lr", type=float, default=1e-2', "raise the lr")
+
+
+def test_runs_never_blames_a_commit_that_only_changed_evaluation(tmp_path_factory, env):
+    """The false verdict of issue 9, as a user meets it: between the good and the bad commit
+    one commit changes only evaluation (its batch size), one changes training (the learning
+    rate): `bisect runs` names the training commit."""
+    repo, good, (_, lr_commit) = _eval_history(tmp_path_factory, [EVAL_BATCH, RAISE_LR])
+    proc, result = _runs(repo, good, env)
+    assert proc.returncode == 0 and result["found"] and _is(lr_commit, result), _say(proc)
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_runs_names_evaluation_that_really_changes_training_and_says_why(tmp_path_factory, env):
+    """Evaluating every step instead of every other one really changes training in this
+    style of trainer: each evaluation builds a DataLoader iterator, which draws its base
+    seed from the global RNG, so the dropout masks of the training steps after it move.
+    The honest answer names that commit, and its hint names evaluation and the generator."""
+    repo, good, (every_step, _) = _eval_history(tmp_path_factory, [EVAL_EVERY_STEP, RAISE_LR])
+    proc, result = _runs(repo, good, env)
+    assert proc.returncode == 0 and result["found"] and _is(every_step, result), _say(proc)
+    hints = " ".join(result["divergence"].get("hints", []))
+    assert "evaluation before step" in hints and "generator" in hints, _say(proc)
+
+
 # -- no seed ---------------------------------------------------------------------------------
 def test_unseeded_repro_says_no_seed_was_set(work):
     """As a user runs it: PYTHONHASHSEED not exported, which must not be blamed (the
