@@ -11,12 +11,12 @@ sealed into the trace's manifest.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from reprobisect.checks import check_number
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import ProbeSpec
 from reprobisect.outcome import Outcome
@@ -55,15 +55,14 @@ class CaptureConfig:
     """Do not stream the command's output to the terminal (it is kept in ``output.log`` either way)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise UsageError(f"--steps must be at least 1, got {self.steps}")
         # NaN compares False with everything: 'timeout <= 0' alone would take --timeout nan as no limit
-        if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout > 0):
-            raise UsageError(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
-        if self.max_disk is not None and self.max_disk <= 0:
-            raise UsageError(f"--max-disk must be a positive number of bytes, got {self.max_disk}")
-        if self.max_records_per_step is not None and self.max_records_per_step < 1:
-            raise UsageError(f"--max-records-per-step must be at least 1, got {self.max_records_per_step}")
+        check_number("--steps", self.steps, minimum=1, integer=True)
+        if self.timeout is not None:
+            check_number("--timeout", self.timeout, minimum=0, open_min=True, unit=" seconds")
+        if self.max_disk is not None:
+            check_number("--max-disk", self.max_disk, minimum=1, integer=True, unit=" bytes")
+        if self.max_records_per_step is not None:
+            check_number("--max-records-per-step", self.max_records_per_step, minimum=1, integer=True)
 
     def spec(self, argv: Sequence[str], workdir: Path) -> ProbeSpec:
         extra: list[str] = []

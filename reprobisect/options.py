@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
+from reprobisect.checks import check_number
 from reprobisect.errors import UsageError
 
 __all__ = ["ProbeOptions", "probe_options", "link_option", "check_number", "FiniteFloat", "POSITIVE_SECONDS", "NON_NEGATIVE", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]
@@ -139,21 +139,6 @@ class ProbeOptions:
 _FIELDS = {f.name for f in fields(ProbeOptions)}
 
 
-def check_number(name: str, value: Any, *, minimum: float | None = None, open_min: bool = False,
-                 maximum: float | None = None, integer: bool = False, unit: str = "") -> None:
-    """Raise one UsageError unless ``value`` is a finite number in range (NaN and inf never are)."""
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type:
-        raise UsageError(f"{name} takes {'a whole number' if integer else 'a number'} (got {value!r})")
-    if not math.isfinite(value):
-        raise UsageError(f"{name} must be a finite number (got {value})")
-    if minimum is not None and (value <= minimum if open_min else value < minimum):
-        bound = f"greater than {minimum:g}" if open_min else (f"at least {minimum:g}" if minimum else ">= 0")
-        raise UsageError(f"{name} must be {bound}{unit} (got {value:g})")
-    if maximum is not None and value > maximum:
-        raise UsageError(f"{name} must be at most {maximum:g}{unit} (got {value:g})")
-
-
 class FiniteFloat(click.ParamType):
     """A float option that refuses NaN and infinity when parsed (click's FLOAT takes 'nan')."""
 
@@ -167,10 +152,10 @@ class FiniteFloat(click.ParamType):
             v = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(v):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        if self.minimum is not None and (v <= self.minimum if self.open_min else v < self.minimum):
-            self.fail(f"{value} must be {'>' if self.open_min else '>='} {self.minimum:g}", param, ctx)
+        try:
+            check_number("the value", v, minimum=self.minimum, open_min=self.open_min)
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
         return v
 
 

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["OUTPUT_LOG", "KEEP_BYTES", "BoundedOutput", "pump", "read_tail"]
+__all__ = ["OUTPUT_LOG", "KEEP_BYTES", "BoundedOutput", "pump"]
 
 OUTPUT_LOG = "output.log"
 """File name of the command's output inside a trace folder."""
@@ -84,33 +84,19 @@ class BoundedOutput:
         return p
 
 
-class _Ring:
-    """The last ``n`` bytes of one stream."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.buf = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.buf += data
-        if len(self.buf) > 2 * self.n:
-            del self.buf[: len(self.buf) - self.n]
-
-    def text(self) -> str:
-        return bytes(self.buf[-self.n :]).decode("utf-8", errors="replace")
-
-
-def pump(streams: list[tuple[BinaryIO, BinaryIO | None]], log: BoundedOutput, tail_bytes: int = 4096) -> tuple[list[threading.Thread], list[_Ring]]:
+def pump(streams: list[tuple[BinaryIO, BinaryIO | None]], log: BoundedOutput,
+         tail_bytes: int = 4096) -> tuple[list[threading.Thread], list[BoundedOutput]]:
     """Start one daemon thread per ``(pipe, echo)`` copying the pipe into ``log``, into a
-    ring of its last ``tail_bytes`` and, when ``echo`` is given, to it (live); returns the
-    threads (join them once the command ended) and the rings (``.text()``)."""
+    ``BoundedOutput`` of its last ``tail_bytes`` and, when ``echo`` is given, to it (live);
+    returns the threads (join them once the command ended) and the per-stream tails
+    (``.tail_text(tail_bytes)``)."""
     threads: list[threading.Thread] = []
-    rings: list[_Ring] = []
+    rings: list[BoundedOutput] = []
     for pipe, echo in streams:
-        ring = _Ring(tail_bytes)
+        ring = BoundedOutput(head=0, tail=tail_bytes)
         rings.append(ring)
 
-        def run(pipe: BinaryIO = pipe, echo: BinaryIO | None = echo, ring: _Ring = ring) -> None:
+        def run(pipe: BinaryIO = pipe, echo: BinaryIO | None = echo, ring: BoundedOutput = ring) -> None:
             fd = pipe.fileno()
             while True:
                 try:
@@ -143,19 +129,3 @@ def echo_streams() -> tuple[BinaryIO | None, BinaryIO | None]:
     out = getattr(sys.stdout, "buffer", None)
     err = getattr(sys.stderr, "buffer", None)
     return out, err
-
-
-def read_tail(trace_dir: str | os.PathLike | None, lines: int = 10) -> str:
-    """The last ``lines`` non-empty lines of a trace's ``output.log`` ('' when there is none)."""
-    if not trace_dir:
-        return ""
-    p = Path(trace_dir) / OUTPUT_LOG
-    try:
-        with open(p, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 64 * 1024))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return "\n".join(keep[-lines:])

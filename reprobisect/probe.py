@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -318,7 +318,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
                 log.save(trace_dir / OUTPUT_LOG)
             except OSError:
                 pass  # the output is a courtesy: never a reason to lose the probe
-    out_t, err_t = out_ring.text(), err_ring.text()
+    out_t, err_t = out_ring.tail_text(TAIL_BYTES), err_ring.tail_text(TAIL_BYTES)
     both = log.tail_text(TAIL_BYTES)
 
     if timed_out:
@@ -373,9 +373,7 @@ def _link_hint(outcome: Outcome, spec: ProbeSpec, workdir: Path, err: str) -> Ou
     if not hint:
         return outcome
     detail = outcome.detail if len(outcome.detail) <= 160 else outcome.detail[:159] + "…"
-    d = outcome.to_json()
-    d["detail"] = f"{detail}; {hint}" if detail else hint
-    return Outcome(**d)
+    return replace(outcome, detail=f"{detail}; {hint}" if detail else hint)
 
 
 def _last_line(text: str) -> str:
@@ -550,8 +548,6 @@ def run_with_retry(executor: Executor, spec: ProbeSpec, retries: int = 1) -> Pro
     Each retry has ``attempt`` + 1, so its trace never shares a folder with the failed one.
     The last result is returned (still timeout / infra if every attempt failed: ``skip``).
     """
-    from dataclasses import replace
-
     res = executor.submit(spec).result()
     n = 0
     while res.outcome.status in ("timeout", "infra") and n < retries:
@@ -566,8 +562,6 @@ def retry_once(executor: Executor, result: ProbeResult) -> ProbeResult:
 
     For callers that submitted several probes at once and retry the failed ones after.
     """
-    from dataclasses import replace
-
     if result.outcome.status not in ("timeout", "infra"):
         return result
     return executor.submit(replace(result.spec, attempt=result.spec.attempt + 1)).result()

@@ -72,13 +72,6 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
     )
 
 
-def _output_tail(r: ProbeResult, lines: int = 10) -> str:
-    """The last ``lines`` lines a run printed (stdout and stderr)."""
-    text = getattr(r, "output_tail", "") or (r.stdout_tail + r.stderr_tail)
-    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return "\n".join(keep[-lines:])
-
-
 def place(comp: Any) -> str | None:
     """``step S · kind · name`` of a comparison's first difference (None when identical)."""
     if comp is None or bool(comp):
@@ -274,7 +267,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
             p.advance()
         if not all(r.outcome for r in results):
             crashed = next(r for r in results if not r.outcome)
-            tail = _output_tail(crashed)
+            tail = crashed.last_lines(10)
             if tail and not options.quiet:  # what the command printed last (its output.log has it all)
                 p.note(f"run '{crashed.spec.key}' ended {crashed.outcome.status}; its last output:\n"
                        + "\n".join(f"    | {ln}" for ln in tail.splitlines()))

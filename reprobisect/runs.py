@@ -363,7 +363,7 @@ class _Prober:
                                    extra={"commit": commit, "place": place})
         kept = str(entry.trace) if entry is not None and entry.trace else trace
         return _Judged(commit, verdict, reason, outcome, kept, self.runs - runs0, False, round(time.monotonic() - t0, 3),
-                       place=place, output_tail=_output_tail(res) if res.outcome.status == "crashed" else "")
+                       place=place, output_tail=res.last_lines(8) if res.outcome.status == "crashed" else "")
 
 
 # --------------------------------------------------------------------------- the driver
@@ -410,13 +410,6 @@ def _place_of(data: dict[str, Any] | None) -> str | None:
     if not isinstance(first, dict) or first.get("step") is None:
         return None
     return f"step {first.get('step')} · {first.get('kind')} · {first.get('name')}"
-
-
-def _output_tail(res: ProbeResult, lines: int = 8) -> str:
-    """The last ``lines`` lines the command printed (its output log, or the result's tails)."""
-    text = getattr(res, "output_tail", "") or (res.stdout_tail + res.stderr_tail)
-    keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return "\n".join(keep[-lines:])
 
 
 def _short(c: str) -> str:

@@ -75,6 +75,12 @@ class ProbeResult:
     """The end of stdout and stderr together, in the order they came (the command's
     whole output, bounded, is ``output.log`` in the trace folder)."""
 
+    def last_lines(self, n: int) -> str:
+        """The last ``n`` non-empty lines the command printed (stdout and stderr)."""
+        text = self.output_tail or (self.stdout_tail + self.stderr_tail)
+        keep = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+        return "\n".join(keep[-n:])
+
 
 @runtime_checkable
 class Executor(Protocol):
