@@ -422,12 +422,17 @@ class TorchRecorder:
             return None
         if kind in ("input", "output") and not self._room():
             return None
+        return self._push(kind, self._unique(kind, base), t, module=module, inputs=inputs, fresh=fresh)
+
+    def _push(self, kind: str, name: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None,
+              fresh: bool = False) -> fpt.Pending:
+        """Begin ``t``'s fingerprint and buffer it as the step's next record ``kind name``."""
         if self._t0 is None:
             self._t0 = time.perf_counter()
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
         t = t.detach()
-        e = _Entry(kind=kind, name=self._unique(kind, base), pending=pending, source=t, module=module, inputs=inputs)
+        e = _Entry(kind=kind, name=name, pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
             self._keep_array(e, t)
         e.seq = len(self._entries)
@@ -832,9 +837,7 @@ class TorchRecorder:
                 continue
             self._init_roots.add(key)
             for path, p in m.named_parameters():
-                if id(p) not in self._init_params:
-                    self._init_params.add(id(p))
-                    self._add("init", self._param_names.get(id(p)) or path, p, fresh=True)
+                self._add_init(p, self._param_names.get(id(p)) or path)
 
     def _record_init_of(self, opt: torch.optim.Optimizer) -> None:
         """Initial values of ``opt``'s parameters no training forward showed (a model only
@@ -844,9 +847,13 @@ class TorchRecorder:
         with torch.no_grad():
             for g, group in enumerate(opt.param_groups):
                 for i, p in enumerate(group["params"]):
-                    if id(p) not in self._init_params:
-                        self._init_params.add(id(p))
-                        self._add("init", self._param_name(p, g, i), p, fresh=True)
+                    self._add_init(p, self._param_name(p, g, i))
+
+    def _add_init(self, p: torch.Tensor, name: str) -> None:
+        """``p``'s value before any update, once (never from the fingerprint cache)."""
+        if id(p) not in self._init_params:
+            self._init_params.add(id(p))
+            self._add("init", name, p, fresh=True)
 
     # -- evaluation -----------------------------------------------------------------
 
@@ -1118,15 +1125,7 @@ class TorchRecorder:
         full = self._cur_call if n == 1 else f"{self._cur_call}[{i}]"
         if not _fingerprintable(t) or not self._room():
             return
-        if self._t0 is None:
-            self._t0 = time.perf_counter()
-        pending = self._begin(t)
-        t = t.detach()
-        e = _Entry(kind="activation", name=full, pending=pending, source=t, module=cls, inputs=inputs)
-        if self._full:
-            self._keep_array(e, t)
-        e.seq = len(self._entries)
-        self._entries.append(e)
+        self._push("activation", full, t, module=cls, inputs=inputs)
 
     @_hook
     def _grad_hook(self, p: torch.Tensor) -> None:
