@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from reprobisect.errors import UsageError
+from reprobisect.trace.jsonsafe import is_int
 from reprobisect.trace.writer import fsync_dir
 
 __all__ = [
@@ -229,7 +230,7 @@ class SessionLog:
                 if d.get("type") != "session":
                     raise bad("not a reprobisect session log (first line has no session header)")
                 version = d.get("version")
-                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                if not is_int(version) or version < 1:
                     raise bad(f"session log header has no valid version ({version!r})", i)
                 if version > SESSION_VERSION:
                     raise UsageError(f"{p}: session log version {version} is newer than this reprobisect "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprobisect.errors import TraceError
+from reprobisect.trace.jsonsafe import is_int
 
 __all__ = [
     "FORMAT",
@@ -208,7 +209,7 @@ def _shape(xs: list[Any]) -> tuple[int, ...]:
         raise ValueError(f"'shape' has {len(xs)} dimensions, more than {MAX_RANK}")
     count = 1
     for x in xs:
-        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        if not is_int(x) or x < 0:
             raise ValueError(f"'shape' holds {_short(x)}, not a non-negative integer")
         count *= x
     if count > MAX_ELEMENTS:
@@ -234,7 +235,7 @@ def _files(x: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(info, dict):
             raise ValueError(f"files entry '{rel}' is a JSON {_json_type(info)}, not an object")
         size, digest = info.get("size"), info.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if not is_int(size) or size < 0:
             raise ValueError(f"files entry '{rel}' has size {_short(size)}, not a non-negative integer")
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise ValueError(f"files entry '{rel}' has sha256 {_short(digest)}, not 64 hex digits")
@@ -266,7 +267,7 @@ class Step:
         if not isinstance(d, dict) or "step" not in d or not isinstance(d.get("records"), list):
             raise TraceError(f"{where}: not a step line (needs 'step' and 'records')")
         k = d["step"]
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not is_int(k) or k < 0:
             raise TraceError(f"{where}: 'step' is {_short(k)}, not a non-negative integer")
         records = tuple(Record.from_json(r, f"{where}, record {i}") for i, r in enumerate(d["records"]))
         scalars = d.get("scalars")

@@ -17,10 +17,15 @@ import numpy as np
 
 from reprobisect.errors import TraceError
 
-__all__ = ["MAX_DEPTH", "depth", "loads_bounded"]
+__all__ = ["MAX_DEPTH", "depth", "is_int", "loads_bounded"]
 
 MAX_DEPTH = 64
 """Deepest nesting a manifest or a steps.jsonl line may have (real ones stay under 10)."""
+
+def is_int(x: Any) -> bool:
+    """A JSON integer as Python parses it: an ``int`` that is not a ``bool`` (``true`` is no step 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from reprobisect.errors import UsageError
+from reprobisect.trace.jsonsafe import is_int
 
 __all__ = ["is_trace_dir", "check_trace_target", "prepare_output_dir", "MARKER", "MARKER_FORMAT"]
 
@@ -35,7 +36,7 @@ def _manifest_ok(path: Path, fmt: str) -> bool:
     if not isinstance(raw, dict) or raw.get("format") != fmt:
         return False
     version = raw.get("version")
-    return isinstance(version, int) and not isinstance(version, bool) and version >= 1
+    return is_int(version) and version >= 1
 
 
 def is_trace_dir(path: str | os.PathLike) -> bool:

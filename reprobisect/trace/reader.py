@@ -14,7 +14,6 @@ two traces by fingerprint never reads a full tensor; ``verify_trace`` (or
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from reprobisect.errors import TraceError
 from reprobisect.trace import shards
 from reprobisect.trace.fingerprint import dtype_name
 from reprobisect.trace.format import FORMAT, VERSION, Manifest, Record, Step, shard_name, tensor_key
-from reprobisect.trace.jsonsafe import loads_bounded
+from reprobisect.trace.jsonsafe import is_int, loads_bounded
 
 __all__ = ["Trace", "Verified", "read_trace", "verify_trace"]
 
@@ -253,7 +252,7 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise TraceError(f"'{path}' is not a reprobisect trace (its manifest has no format '{FORMAT}')")
     version = raw.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
+    if not is_int(version):
         raise TraceError(f"trace '{path}' has no valid format version; re-capture it")
     if version > VERSION:
         raise TraceError(

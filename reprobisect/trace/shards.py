@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from reprobisect.errors import TraceError
-from reprobisect.trace.jsonsafe import loads_bounded
+from reprobisect.trace.jsonsafe import is_int, loads_bounded
 
 __all__ = ["Entry", "save", "load", "load_one", "keys", "check", "parse_header"]
 
@@ -105,10 +105,6 @@ class Entry:
     end: int
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     d = dict(pairs)
     if len(d) != len(pairs):
@@ -159,10 +155,10 @@ def parse_header(raw: bytes, data_size: int, path: Path) -> dict[str, Entry]:
         if dtype is None:
             raise _bad(path, f"{what} has unknown dtype {st!r}")
         shape = info["shape"]
-        if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(is_int(d) and d >= 0 for d in shape):
             raise _bad(path, f"{what} has shape {_short(shape)}, not a list of at most {_MAX_RANK} non-negative ints")
         offsets = info["data_offsets"]
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)):
             raise _bad(path, f"{what} has data_offsets {_short(offsets)}, not two ints")
         begin, end = offsets
         if not 0 <= begin <= end:
