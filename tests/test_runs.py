@@ -342,9 +342,14 @@ import torch
 SCALE = {scale}
 seed = 0
 if {flaky}:  # this revision seeds from a counter: every other run differs
-    path = os.environ["FLAKY_COUNTER"]
-    n = int(open(path).read()) if os.path.exists(path) else 0
-    open(path, "w").write(str(n + 1))
+    # runs of one commit may run in parallel: take a ticket atomically (O_EXCL), not read-then-write
+    n = 0
+    while True:
+        try:
+            os.close(os.open(os.environ["FLAKY_COUNTER"] + "." + str(n), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            n += 1
     seed = n % 2
 torch.manual_seed(seed)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
