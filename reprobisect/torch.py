@@ -34,7 +34,7 @@ import sys
 import traceback
 from typing import Any, Iterator, Sequence
 
-from reprobisect.outcome import Outcome
+from reprobisect.core.outcome import Outcome
 from reprobisect.runners.torch import RecordPolicy, StopRun, TorchRecorder
 from reprobisect.runners.torch_state import (
     Stateful,

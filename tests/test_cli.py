@@ -59,7 +59,7 @@ def _built(name: str) -> bool:
 
 
 def test_an_unbuilt_command_says_so_in_one_line(monkeypatch, capsys):
-    monkeypatch.setitem(COMMANDS, "later", ("reprobisect.commands._not_written_yet", "Something for later."))
+    monkeypatch.setitem(COMMANDS, "later", ("reprobisect.cli.commands._not_written_yet", "Something for later."))
     assert main(["later", "--some", "args"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -83,7 +83,7 @@ def test_console_script_runs_and_imports_no_framework(tmp_path):
     probe = (
         "import sys\n"
         "from reprobisect.cli import main\n"
-        "import reprobisect.compare, reprobisect.render, reprobisect.commands.compare\n"
+        "import reprobisect.core.compare, reprobisect.render, reprobisect.cli.commands.compare\n"
         "code = main(['compare', '--help'])\n"
         "heavy = sorted(m for m in ('torch', 'tensorflow', 'lightning', 'keras', 'ray', 'jax') if m in sys.modules)\n"
         "print('heavy:', heavy)\n"

@@ -218,12 +218,12 @@ def test_an_internal_error_is_exit_3_one_line_and_a_log(tmp_path, monkeypatch, c
     a, b = _two_traces(tmp_path)
     monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("REPROBISECT_DEBUG", raising=False)
-    import reprobisect.compare
+    import reprobisect.core.compare
 
     def broken(*args, **kw):
         raise KeyError("an unexpected bug")
 
-    monkeypatch.setattr(reprobisect.compare, "compare_paths", broken)
+    monkeypatch.setattr(reprobisect.core.compare, "compare_paths", broken)
     assert main(["compare", str(a), str(b)]) == EXIT_INTERNAL == 3
     line = _one_line(capsys.readouterr().err)
     assert "internal error in reprobisect (a bug" in line and "--debug" in line
@@ -241,24 +241,24 @@ def test_an_internal_error_is_exit_3_one_line_and_a_log(tmp_path, monkeypatch, c
 
 def test_probe_internal_error_aborts_git_bisect(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path / "cache"))
-    import reprobisect.repro
+    import reprobisect.workflows.repro
 
     def broken(*args, **kw):
         raise AttributeError("'NoneType' object has no attribute 'trace_dir'")
 
-    monkeypatch.setattr(reprobisect.repro, "probe_checkout", broken)
+    monkeypatch.setattr(reprobisect.workflows.repro, "probe_checkout", broken)
     rc = main(["probe", "--check", "finite", "--", "python", "t.py"])
     assert rc == PROBE_EXIT_INTERNAL and rc >= 128
     assert "internal error in reprobisect" in _one_line(capsys.readouterr().err)
 
 
 def test_permission_error_on_a_user_path_is_exit_2(tmp_path, monkeypatch, capsys):
-    import reprobisect.compare
+    import reprobisect.core.compare
 
     def denied(a, b, **kw):
         raise PermissionError(13, "Permission denied", str(a))
 
-    monkeypatch.setattr(reprobisect.compare, "compare_paths", denied)
+    monkeypatch.setattr(reprobisect.core.compare, "compare_paths", denied)
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     line = _one_line(capsys.readouterr().err)
     assert f"cannot use '{tmp_path / 'a'}': Permission denied" in line
@@ -399,7 +399,7 @@ def _foreign_traces(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
 
 
 def test_trust_is_an_hmac_of_what_a_rerun_executes(tmp_path, monkeypatch):
-    from reprobisect.trust import is_trusted
+    from reprobisect.support.trust import is_trusted
 
     monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path / "cache"))
     a, _ = _two_traces(tmp_path, command=["train.py"], recorder={"cwd": str(tmp_path)})

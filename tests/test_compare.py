@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from reprobisect.cli import main
-from reprobisect.compare import (
+from reprobisect.core.compare import (
     DEFAULT_TOLERANCES,
     Tolerance,
     choose_tolerance,
     compare_paths,
     compare_traces,
 )
-from reprobisect.envdiff import diff_environments
+from reprobisect.core.envdiff import diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace import TraceWriter, fingerprint, read_trace, record_array
 
@@ -475,13 +475,13 @@ def test_cli_allow_incomplete(tmp_path, capsys):
 
 
 def test_cli_zoom(tmp_path, capsys):
-    """--zoom hands the comparison to reprobisect.zoom; a divergence that is no module output is one line, exit 2."""
+    """--zoom hands the comparison to reprobisect.workflows.zoom; a divergence that is no module output is one line, exit 2."""
     a = build(tmp_path / "a")
     b = build(tmp_path / "b", change=bump(3, "grad", "fc1.weight", 1e-3))
     code, out, err = _run(capsys, a, b, "--zoom")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     try:
-        import reprobisect.zoom as zoom
+        import reprobisect.workflows.zoom as zoom
 
         built = hasattr(zoom, "zoom_target")
     except ImportError:
@@ -495,7 +495,7 @@ def test_cli_zoom(tmp_path, capsys):
 
 
 def test_measure_works_chunk_by_chunk(tmp_path, monkeypatch):
-    import reprobisect.compare as cmp
+    import reprobisect.core.compare as cmp
 
     monkeypatch.setattr(cmp, "_CHUNK", 7)
     x = np.arange(50, dtype=np.float32).reshape(5, 10)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprobisect.compare import compare_paths, compare_traces, Tolerance
+from reprobisect.core.compare import compare_paths, compare_traces, Tolerance
 from reprobisect.trace import TraceWriter, read_trace, record_array
 
 PY = sys.executable

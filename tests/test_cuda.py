@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reprobisect.compare import compare_traces  # noqa: E402
+from reprobisect.core.compare import compare_traces  # noqa: E402
 from reprobisect.runners import fingerprint_torch as ft  # noqa: E402
 from reprobisect.trace import read_trace  # noqa: E402
 from reprobisect.trace.fingerprint import ROW, fingerprint, stats  # noqa: E402

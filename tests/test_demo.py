@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from reprobisect.demo import DEMO_COMMAND, build_demo_repo
+from reprobisect.workflows.demo import DEMO_COMMAND, build_demo_repo
 from reprobisect.errors import UsageError
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from reprobisect.envdiff import ABSENT, diff_environments, format_changes
+from reprobisect.core.envdiff import ABSENT, diff_environments, format_changes
 
 PY = sys.executable
 
@@ -178,7 +178,7 @@ def test_tensorflow_process_records_op_determinism_and_keras_without_torch(tmp_p
 
 def test_probe_placement_is_recorded_as_info(monkeypatch):
     """Executors pass where a probe ran as REPROBISECT_PROBE_*; the record keeps it as info."""
-    from reprobisect.envdiff import diff_environments
+    from reprobisect.core.envdiff import diff_environments
     from reprobisect.runners.environment import collect_environment
 
     monkeypatch.setenv("REPROBISECT_PROBE_PLACEMENT", "spread")

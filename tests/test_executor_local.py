@@ -18,7 +18,7 @@ import pytest
 from reprobisect.executors import make_executor
 from reprobisect.executors.base import Executor, ProbeSpec
 from reprobisect.executors.local import LocalExecutor, trace_dir_name
-from reprobisect.probe import run_with_retry
+from reprobisect.core.probe import run_with_retry
 
 PY = sys.executable
 

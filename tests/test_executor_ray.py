@@ -26,8 +26,8 @@ import pytest
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors import Executor, ProbeSpec, make_executor, submit_all
-from reprobisect.options import ProbeOptions
-from reprobisect.search import Bisection
+from reprobisect.core.options import ProbeOptions
+from reprobisect.core.search import Bisection
 from reprobisect.trace import read_trace
 
 ray = pytest.importorskip("ray")
@@ -52,7 +52,7 @@ def _make_runner():
         import numpy as np
 
         from reprobisect.executors.base import ProbeResult
-        from reprobisect.outcome import Outcome
+        from reprobisect.core.outcome import Outcome
         from reprobisect.trace import TraceWriter, record_array
 
         t0 = _time.time()
@@ -161,7 +161,7 @@ def test_protocol_and_usage_errors(cluster):
         assert ex.name == "ray"
         assert ex.max_parallel == 3  # three 1-CPU nodes
         # its temporary folder is marked as this process's (a SIGKILL'd session's is cleaned later)
-        from reprobisect.interrupt import OWNER_FILE
+        from reprobisect.support.interrupt import OWNER_FILE
 
         assert ex.out_dir.name.startswith("reprobisect-ray-traces-") and (ex.out_dir / OWNER_FILE).is_file()
     with pytest.raises(UsageError, match="unknown placement 'diagonal'"):
@@ -449,8 +449,8 @@ _TRAIN = textwrap.dedent(
 
 def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path):
     pytest.importorskip("reprobisect.runners.launch")
-    from reprobisect.options import ProbeOptions
-    from reprobisect.runs import RunsConfig, find_first_bad
+    from reprobisect.core.options import ProbeOptions
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.options import ProbeOptions
-from reprobisect.runs import RunsConfig, find_first_bad
+from reprobisect.core.options import ProbeOptions
+from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,8 +88,8 @@ def test_runs_is_inconclusive_when_the_divergence_moves_between_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.torch
 def test_repeat_skips_a_commit_whose_runs_all_differ_in_different_places(tmp_path):
-    from reprobisect.runs import _Prober  # the judgement itself, on one commit
-    from reprobisect.session import ResultCache
+    from reprobisect.workflows.runs import _Prober  # the judgement itself, on one commit
+    from reprobisect.core.session import ResultCache
     from reprobisect.executors.local import LocalExecutor
 
     root = tmp_path / "repo"
@@ -154,7 +154,7 @@ def tiny(tmp_path):
 
 
 def test_lock_refusal_names_the_real_option_and_the_option_waits(tiny):
-    from reprobisect.git import session_lock
+    from reprobisect.vcs.git import session_lock
 
     root, commits = tiny
     cfg = RunsConfig(cwd=str(root), good="HEAD~2", bad="HEAD", command=("python", "fast.py"), options=ProbeOptions(quiet=True))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.git import (
+from reprobisect.vcs.git import (
     CommitInfo,
     WorktreePool,
     archive,
@@ -33,7 +33,7 @@ from reprobisect.git import (
     resolve,
     session_lock,
 )
-from reprobisect.search import Bisection
+from reprobisect.core.search import Bisection
 
 PYTHON = sys.executable
 
@@ -295,7 +295,7 @@ def test_real_ctrl_c_in_another_process_cleans_up(linear) -> None:
     script = textwrap.dedent(
         f"""
         import time
-        from reprobisect.git import WorktreePool
+        from reprobisect.vcs.git import WorktreePool
         with WorktreePool({str(repo)!r}) as pool:
             with pool.checkout({h[2]!r}) as wt:
                 print(wt, flush=True)
@@ -376,7 +376,7 @@ def test_stale_worktrees_of_a_killed_session_are_pruned(linear, tmp_path: Path) 
     script = textwrap.dedent(
         f"""
         import os, sys
-        from reprobisect.git import WorktreePool
+        from reprobisect.vcs.git import WorktreePool
         pool = WorktreePool({str(repo)!r})
         with pool.checkout({h[3]!r}) as wt:
             print(wt, flush=True)
@@ -515,7 +515,7 @@ def test_extract_refuses_paths_outside(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- session lock
 HOLDER = """
 import sys, time
-from reprobisect.git import session_lock
+from reprobisect.vcs.git import session_lock
 with session_lock(sys.argv[1], what="bisect runs (test holder)"):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -572,7 +572,7 @@ def test_session_locks_of_two_repositories_are_independent(tmp_path: Path) -> No
 # ----------------------------------------------------------------------------- DVC
 @pytest.mark.slow
 def test_dvc_data_at_a_revision(tmp_path: Path) -> None:
-    from reprobisect.git import dvc_pull_at
+    from reprobisect.vcs.git import dvc_pull_at
 
     repo = tmp_path / "dvcrepo"
     repo.mkdir()

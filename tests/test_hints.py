@@ -1,4 +1,4 @@
-"""Hints on evidence (``reprobisect.hints``), the per-step tally, the whole argv, the lr note:
+"""Hints on evidence (``reprobisect.core.hints``), the per-step tally, the whole argv, the lr note:
 on traces written through the writer API (cheap: no framework)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprobisect.compare import compare_paths
+from reprobisect.core.compare import compare_paths
 from reprobisect.render import render_comparison
 from reprobisect.trace import TraceWriter, record_array
 
@@ -131,8 +131,8 @@ def test_hashseed_hint_only_for_data_order_with_hashing_randomised(tmp_path):
 
 def test_repro_text_has_no_hashseed_hint_for_an_unseeded_script(tmp_path):
     from reprobisect.executors.base import ProbeResult, ProbeSpec
-    from reprobisect.outcome import Outcome
-    from reprobisect.repro import ReproResult, render_repro
+    from reprobisect.core.outcome import Outcome
+    from reprobisect.workflows.repro import ReproResult, render_repro
 
     a, b = trace(tmp_path / "a", init_seed=1), trace(tmp_path / "b", init_seed=2)
     c = compare_paths(a, b)
@@ -155,7 +155,7 @@ def test_a_long_argv_is_shown_whole(tmp_path):
     text = render_comparison(compare_paths(a, b))
     line = next(ln for ln in text.splitlines() if "python.argv" in ln)
     assert "'1e-3']" in line and "'2e-3']" in line and "…" not in line, line
-    from reprobisect.envdiff import diff_environments
+    from reprobisect.core.envdiff import diff_environments
 
     (ch,) = [d for d in diff_environments({"python": {"argv": [*argv, "1e-3"]}}, {"python": {"argv": [*argv, "2e-3"]}})]
     assert "'2e-3'" in str(ch)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reprobisect import interrupt
+from reprobisect.support import interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def test_signal_cleans_up_like_ctrl_c(repo, tmp_path, cmd, sig):
     left = _leftovers(repo, tmp_path)
     assert left == {"worktrees": 1, "cache": [], "tmp": []}, left
     if cmd == "runs":  # the session log holds only finished probes: none
-        from reprobisect.session import SessionLog
+        from reprobisect.core.session import SessionLog
 
         (log,) = (repo / ".git" / "reprobisect" / "sessions").glob("*.jsonl")
         assert len(SessionLog.load(log)) == 0

@@ -19,7 +19,7 @@ import pytest
 
 from reprobisect.cli import main as cli_main
 from reprobisect.errors import UsageError
-from reprobisect.outcome import LAUNCH_EXIT
+from reprobisect.core.outcome import LAUNCH_EXIT
 from reprobisect.runners import launch
 from reprobisect.trace import read_trace
 
@@ -299,7 +299,7 @@ def test_capture_command_exit_codes(tmp_path: Path, capsys, monkeypatch) -> None
 
 
 def test_capture_rewrites_python_to_the_launcher(tmp_path: Path) -> None:
-    from reprobisect.capture import CaptureConfig, launch_command
+    from reprobisect.workflows.capture import CaptureConfig, launch_command
 
     cmd = launch_command(["python", "-u", "train.py", "--lr", "1"], tmp_path / "t", CaptureConfig(steps=2, seed=3))
     assert cmd[:4] == [sys.executable, "-u", "-m", "reprobisect.runners.launch"]

@@ -121,7 +121,7 @@ def test_lightning_sanity_check_validation_and_test_are_evaluation(tmp_path: Pat
     """Sanity check, validation every 2 steps and a test after fit (inference tensors) never
     enter a training step: changing only their batch size changes no record. Training ends
     within the recorded steps: outcome ok. The seed_everything seed reaches the manifest."""
-    from reprobisect.compare import compare_traces
+    from reprobisect.core.compare import compare_traces
 
     assert "validation_step" in EVAL_SCRIPT and "trainer.test" in EVAL_SCRIPT
     script = tmp_path / "train_eval.py"

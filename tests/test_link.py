@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.git import WorktreePool, check_links, checkout, default_cache_dir
-from reprobisect.hints import missing_link_hint
-from reprobisect.options import ProbeOptions, build_options
+from reprobisect.vcs.git import WorktreePool, check_links, checkout, default_cache_dir
+from reprobisect.core.hints import missing_link_hint
+from reprobisect.core.options import ProbeOptions, build_options
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -121,7 +121,7 @@ def test_user_data_survives_every_cleanup_path(repo, how) -> None:
     else:  # a killed session's folder, removed by the next pool
         script = textwrap.dedent(f"""
             import os
-            from reprobisect.git import WorktreePool
+            from reprobisect.vcs.git import WorktreePool
             pool = WorktreePool({str(root)!r})
             cm = pool.checkout({head!r}, links={list(links)!r})
             print(cm.__enter__(), flush=True)
@@ -209,7 +209,7 @@ def data_repo(tmp_path_factory) -> tuple[Path, list[str]]:
 @pytest.mark.torch
 @pytest.mark.slow
 def test_runs_without_link_names_the_missing_data_and_with_link_finds_the_culprit(data_repo) -> None:
-    from reprobisect.runs import RunsConfig, find_first_bad
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     repo, h = data_repo
     before = user_data(repo)

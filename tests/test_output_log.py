@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reprobisect.outputlog import KEEP_BYTES, OUTPUT_LOG, BoundedOutput
+from reprobisect.support.outputlog import KEEP_BYTES, OUTPUT_LOG, BoundedOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 

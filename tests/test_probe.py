@@ -18,8 +18,8 @@ import pytest
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.executors.local import LocalExecutor
-from reprobisect.outcome import Outcome
-from reprobisect.probe import TAIL_BYTES, Verdict, classify, launch_argv, run_in_dir
+from reprobisect.core.outcome import Outcome
+from reprobisect.core.probe import TAIL_BYTES, Verdict, classify, launch_argv, run_in_dir
 
 PY = sys.executable
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reprobisect.compare import compare_traces
+from reprobisect.core.compare import compare_traces
 from reprobisect.trace import read_trace
 
 PY = sys.executable

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprobisect.compare import compare_traces
+from reprobisect.core.compare import compare_traces
 from reprobisect.trace import fingerprint, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -441,7 +441,7 @@ def test_a_failure_of_the_recorder_is_infra_never_the_programs_crash(tmp_path: P
     assert r.returncode == 7, r.stderr[-2000:]
     assert "finished" not in r.stderr  # stopped at the next safe point, not after 100 steps
     assert "recorder failed" in r.stderr and "boom inside the recorder" in r.stderr
-    from reprobisect.outcome import Outcome
+    from reprobisect.core.outcome import Outcome
 
     t = read_trace(trace, allow_incomplete=True)
     o = Outcome.from_json(t.manifest.outcome)

@@ -15,10 +15,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from reprobisect.envs import apply_template, parse_env_spec
+from reprobisect.workflows.envs import apply_template, parse_env_spec
 from reprobisect.errors import UsageError
-from reprobisect.options import ProbeOptions, build_options, load_config, parse_steps, probe_options, split_command
-from reprobisect.seeds import noise_floor, parse_seeds, seed_map, substitute_seed
+from reprobisect.core.options import ProbeOptions, build_options, load_config, parse_steps, probe_options, split_command
+from reprobisect.workflows.seeds import noise_floor, parse_seeds, seed_map, substitute_seed
 from reprobisect.trace.format import Record, Step
 
 PY = sys.executable
@@ -177,7 +177,7 @@ def test_repro_deterministic_then_hashseed_differ_exposes_hash_order(work):
 
 def test_repro_library_reports_a_crash_as_probe_error(work):
     from reprobisect.errors import ProbeError
-    from reprobisect.repro import run_repro
+    from reprobisect.workflows.repro import run_repro
 
     (work / "bad.py").write_text("raise RuntimeError('broken')\n")
     with pytest.raises(ProbeError, match="crashed"):
@@ -341,7 +341,7 @@ def test_ctrl_c_kills_the_probes_and_exits_130(work):
 
 
 def test_progress_quiet_and_notes(capsys):
-    from reprobisect.progress import progress
+    from reprobisect.support.progress import progress
 
     with progress("x", total=2, quiet=True) as p:
         p.update("probing a")

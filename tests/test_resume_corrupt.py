@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.options import ProbeOptions
-from reprobisect.runs import RunsConfig, find_first_bad
+from reprobisect.core.options import ProbeOptions
+from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
 ROOT = Path(__file__).resolve().parents[1]
 

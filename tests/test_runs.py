@@ -1,6 +1,6 @@
 """``bisect runs`` end to end: generated git histories, real torch probes on CPU, real worktrees.
 
-Every repository comes from ``reprobisect.demo.build_demo_repo`` (a small MLP project
+Every repository comes from ``reprobisect.workflows.demo.build_demo_repo`` (a small MLP project
 whose commits are known: which one changes numerics, which do not import). Probes cost
 ~2-3 s each (mostly ``import torch``), so the histories are short.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from reprobisect.demo import build_demo_repo
+from reprobisect.workflows.demo import build_demo_repo
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.options import ProbeOptions
-from reprobisect.runs import RunsConfig, RunsResult, find_first_bad
-from reprobisect.session import SessionLog
+from reprobisect.core.options import ProbeOptions
+from reprobisect.workflows.runs import RunsConfig, RunsResult, find_first_bad
+from reprobisect.core.session import SessionLog
 
 pytestmark = pytest.mark.torch
 
@@ -119,7 +119,7 @@ def test_cli_bad_input_exit_2_one_line(small, tmp_path):
 
 
 def test_second_session_on_the_same_repository_is_refused(small):
-    from reprobisect.git import session_lock
+    from reprobisect.vcs.git import session_lock
 
     log_dir = small.path / ".git" / "reprobisect" / "sessions"
     with session_lock(small.path):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprobisect.errors import ReproError, UsageError
-from reprobisect.search import (
+from reprobisect.core.search import (
     Bisection,
     ContradictionError,
     EndpointError,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from reprobisect.errors import UsageError
-from reprobisect.session import ResultCache, SessionEvent, SessionLog, cache_key, probe_environment
+from reprobisect.core.session import ResultCache, SessionEvent, SessionLog, cache_key, probe_environment
 
 
 def test_log_round_trip(tmp_path):
@@ -42,7 +42,7 @@ def test_log_killed_process_leaves_consistent_log(tmp_path):
     p = tmp_path / "s.jsonl"
     code = f"""
 import os
-from reprobisect.session import SessionLog, SessionEvent
+from reprobisect.core.session import SessionLog, SessionEvent
 log = SessionLog.create({str(p)!r}, {{"good": "a"}})
 for i in range(5):
     log.append(SessionEvent(point=f"c{{i}}", verdict="good"))
@@ -87,7 +87,7 @@ def test_probe_environment_sees_relevant_env(monkeypatch):
 
 
 def test_probe_environment_imports_no_framework():
-    code = "import sys; from reprobisect.session import probe_environment; probe_environment(); print('torch' in sys.modules)"
+    code = "import sys; from reprobisect.core.session import probe_environment; probe_environment(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

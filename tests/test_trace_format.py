@@ -661,7 +661,7 @@ def test_a_sealed_trace_shard_missing_from_its_manifest_is_refused(tmp_path):
 
 
 def test_verify_trace_finds_a_corrupt_shard_that_fingerprint_compare_never_reads(tmp_path):
-    from reprobisect.compare import compare_paths
+    from reprobisect.core.compare import compare_paths
     from reprobisect.trace.reader import verify_trace
 
     a = write_trace(tmp_path / "a", steps=2)

@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprobisect.compare import compare_traces
+from reprobisect.core.compare import compare_traces
 from reprobisect.errors import TraceError
 from reprobisect.trace import TraceWriter, read_trace, record_array
 from reprobisect.trace.format import shard_name

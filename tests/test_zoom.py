@@ -11,7 +11,7 @@ import pytest
 
 from reprobisect.errors import UsageError
 from reprobisect.trace import Record, TraceWriter, read_trace
-from reprobisect.zoom import ZoomSide, first_divergent_op, run_zoom, zoom_target
+from reprobisect.workflows.zoom import ZoomSide, first_divergent_op, run_zoom, zoom_target
 
 PY = sys.executable
 
@@ -238,7 +238,7 @@ def _capture_both(tmp_path):
 @pytest.mark.slow
 def test_run_zoom_names_the_changed_mul(tmp_path):
     pytest.importorskip("torch")
-    from reprobisect.compare import compare_traces
+    from reprobisect.core.compare import compare_traces
 
     (tmp_path / "train.py").write_text(SCRIPT)
     a, b = _capture_both(tmp_path)

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from reprobisect.outcome import Outcome
+from reprobisect.core.outcome import Outcome
 
 __all__ = ["ProbeSpec", "ProbeResult", "Executor"]
 

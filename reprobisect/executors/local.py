@@ -1,17 +1,17 @@
 """The local executor: probes as subprocesses on this machine, ``jobs`` at a time.
 
 The embedded default. A probe with ``repo`` + ``revision`` runs in a detached
-``git worktree`` of that commit (``reprobisect.git.WorktreePool``: reused between probes,
+``git worktree`` of that commit (``reprobisect.vcs.git.WorktreePool``: reused between probes,
 cleaned with ``git clean -ffdx``, all removed on ``close()``; the user's checkout is never
 touched; ``spec.links`` appear there as symlinks to the user's files, unlinked first); a probe without one runs in ``spec.workdir`` (or the
 current folder) as it is. Each probe writes its trace straight into
 ``out_dir/<key>-a<attempt>`` so retries never share a folder.
 
-Ctrl-C, SIGTERM, SIGHUP (``reprobisect.interrupt``): ``close()`` (also on leaving a
+Ctrl-C, SIGTERM, SIGHUP (``reprobisect.support.interrupt``): ``close()`` (also on leaving a
 ``with`` block by an exception) kills the process group of every running probe and
 removes every worktree and temporary folder this executor made. The temporary trace
 folder carries an owner file, so one left by a SIGKILL'd session is removed by the next
-executor that starts (``reprobisect.interrupt.make_temp_dir``).
+executor that starts (``reprobisect.support.interrupt.make_temp_dir``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors.base import ProbeResult, ProbeSpec
-from reprobisect.outcome import Outcome
+from reprobisect.core.outcome import Outcome
 
 __all__ = ["LocalExecutor", "trace_dir_name"]
 
@@ -50,7 +50,7 @@ class LocalExecutor:
         **_ignored: object,
     ) -> None:
         """``jobs``: probes at once; ``cache_dir``: worktrees go under ``cache_dir/worktrees``
-        (default: ``reprobisect.git.default_cache_dir(repo)``, inside the repository's git dir); ``keep``: keep traces after ``close()``; ``out_dir``:
+        (default: ``reprobisect.vcs.git.default_cache_dir(repo)``, inside the repository's git dir); ``keep``: keep traces after ``close()``; ``out_dir``:
         where traces go (given: always kept; default: a temporary folder removed on
         ``close()`` unless ``keep``). Options meant for other executors are ignored."""
         if jobs < 1:
@@ -62,7 +62,7 @@ class LocalExecutor:
         if out_dir:
             self.out_dir = Path(out_dir)
         else:  # marked as ours, so a SIGKILL'd session's folder is cleaned by the next start
-            from reprobisect.interrupt import make_temp_dir
+            from reprobisect.support.interrupt import make_temp_dir
 
             self.out_dir = make_temp_dir("reprobisect-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ class LocalExecutor:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
-        from reprobisect.probe import kill_all_running
+        from reprobisect.core.probe import kill_all_running
 
         # kill until every started probe has ended: one may be between its checkout and
         # its Popen when the first kill goes out
@@ -122,7 +122,7 @@ class LocalExecutor:
     # -- one probe
 
     def _run(self, spec: ProbeSpec) -> ProbeResult:
-        from reprobisect.probe import run_in_dir, set_owner
+        from reprobisect.core.probe import run_in_dir, set_owner
 
         set_owner(self)
         trace_dir = self.out_dir / trace_dir_name(spec)
@@ -146,10 +146,10 @@ class LocalExecutor:
         workdir = Path(spec.workdir) if spec.workdir else Path.cwd()
         return run_in_dir(spec, workdir, trace_dir)
 
-    # -- worktrees (reprobisect.git.WorktreePool, one per repository)
+    # -- worktrees (reprobisect.vcs.git.WorktreePool, one per repository)
 
     def _pool_for(self, repo: Path):
-        from reprobisect import git
+        from reprobisect.vcs import git
 
         key = repo.resolve()
         with self._lock:

@@ -20,7 +20,7 @@ How a probe travels:
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
   probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe and
   sets ``CUDA_VISIBLE_DEVICES`` for it, so CUDA state never leaks between probes. The
-  worker runs ``reprobisect.probe.run_in_dir`` exactly as the local executor does.
+  worker runs ``reprobisect.core.probe.run_in_dir`` exactly as the local executor does.
 * **Traces stay on the worker's disk.** The task returns the manifest and ``steps.jsonl``
   (small: fingerprints and stats) plus every other file up to ``eager_bytes`` in total.
   The controller writes them to ``out_dir/<key>-a<attempt>`` (the same name the local
@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
 from reprobisect.executors.base import ProbeResult, ProbeSpec
-from reprobisect.outcome import Outcome
+from reprobisect.core.outcome import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from reprobisect.trace.reader import Trace
@@ -136,13 +136,13 @@ class RayProbeResult(ProbeResult):
 
 
 def archive_commit(repo: str | os.PathLike, commit: str) -> bytes:
-    """A tar of ``commit`` (``reprobisect.git.archive``) whose pax header names the commit.
+    """A tar of ``commit`` (``reprobisect.vcs.git.archive``) whose pax header names the commit.
 
     ``git archive`` writes the commit id into the tar's global header; when the archive
     was rebuilt (submodule content added) the header is written again here, so the
     worker can always read back which commit it unpacked.
     """
-    from reprobisect.git import archive, resolve
+    from reprobisect.vcs.git import archive, resolve
 
     full = resolve(repo, commit)
     data = archive(repo, full)
@@ -196,7 +196,7 @@ def _tar_folder(folder: Path, limit: int) -> bytes:
 
 def _extract(data: bytes, dest: Path) -> str | None:
     """Extract a tar into ``dest``; return the commit id its pax header carries, if any."""
-    from reprobisect.git import extract
+    from reprobisect.vcs.git import extract
 
     extract(data, dest)
     return _tar_commit(data)
@@ -248,21 +248,21 @@ def _probe_task(
             commit = _extract(value, work)
             workdir = work
         if runner is None:
-            from reprobisect.probe import run_in_dir as runner
+            from reprobisect.core.probe import run_in_dir as runner
         made: list[Path] = []
         missing = _linkable(spec, workdir) if kind != "shared" else None
         if missing:
             res = ProbeResult(spec=run_spec, outcome=Outcome("skip", detail=missing), host=socket.gethostname())
         else:
             if spec.links and kind != "shared":
-                from reprobisect.git import make_links
+                from reprobisect.vcs.git import make_links
 
                 made = make_links(workdir, spec.repo, spec.links)
             try:
                 res = runner(run_spec, workdir, staging)
             finally:
                 if made:
-                    from reprobisect.git import remove_links
+                    from reprobisect.vcs.git import remove_links
 
                     remove_links(made)  # unlink before the folder goes: never delete through a link
     finally:
@@ -411,7 +411,7 @@ class RayExecutor:
         ``eager_bytes``: trace bytes copied back with each result (the rest stays on the
         worker until fetched). ``shared_fs``: run specs without a revision in their
         ``workdir`` path on the worker instead of shipping the folder. ``out_dir``/``keep``:
-        as for the local executor. ``runner``: replaces ``reprobisect.probe.run_in_dir``
+        as for the local executor. ``runner``: replaces ``reprobisect.core.probe.run_in_dir``
         on the workers (tests, custom probes; must be picklable).
         """
         if placement is not None and placement not in PLACEMENTS:
@@ -441,7 +441,7 @@ class RayExecutor:
         if out_dir:
             self.out_dir = Path(out_dir)
         else:  # marked as this process's: a SIGKILL'd session's folder is cleaned by the next start
-            from reprobisect.interrupt import make_temp_dir
+            from reprobisect.support.interrupt import make_temp_dir
 
             self.out_dir = make_temp_dir("reprobisect-ray-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -702,7 +702,7 @@ class RayExecutor:
         self._wake.set()
 
     def _deadline(self, spec: ProbeSpec) -> float:
-        from reprobisect.probe import KILL_GRACE_S
+        from reprobisect.core.probe import KILL_GRACE_S
 
         budget = spec.timeout + KILL_GRACE_S + self.start_grace_s if spec.timeout else self.max_probe_s
         return time.monotonic() + budget

@@ -136,7 +136,7 @@ _status = "not loaded yet"
 
 
 def cache_dir() -> Path:
-    from reprobisect.cachedir import user_cache_dir
+    from reprobisect.support.cachedir import user_cache_dir
 
     return user_cache_dir() / "native"
 

@@ -4,7 +4,7 @@
 the script has imported its framework, and again when sealing). It records what the
 debugging guide says to record — command, revision, Python and framework versions,
 imported package paths, device, dtype, precision, execution mode — grouped so that a
-diff reads well (``reprobisect.envdiff``):
+diff reads well (``reprobisect.core.envdiff``):
 
 ``python``       version, implementation, executable, argv
 ``packages``     version + import path of every relevant package *already imported*

@@ -18,7 +18,7 @@ TensorFlow). After ``--steps`` optimizer steps the recorder raises ``StopRun`` (
 DataLoader worker processes and any other child process, and leaves with ``os._exit``.
 
 How the run ended is written into the manifest as ``outcome`` (``Outcome.to_json()``) and
-returned as the exit status (``reprobisect.outcome.LAUNCH_EXIT``):
+returned as the exit status (``reprobisect.core.outcome.LAUNCH_EXIT``):
 
 - ``ok`` (0): the steps were recorded (or the script ended by itself after >= 1 step,
   including ``SystemExit(0)``); the trace is ``complete``.
@@ -58,7 +58,7 @@ import traceback
 from typing import Any, Sequence
 
 from reprobisect.errors import UsageError
-from reprobisect.outcome import LAUNCH_EXIT, Outcome
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome
 
 __all__ = ["main", "parse_args", "run"]
 

@@ -269,8 +269,8 @@ class TraceWriter:
         self._closed = True
 
     def _write_manifest(self) -> None:
-        """Write the manifest, signed for this user (``reprobisect.trust``: what ``zoom`` may re-run)."""
-        from reprobisect.trust import TRUST_FIELD, sign
+        """Write the manifest, signed for this user (``reprobisect.support.trust``: what ``zoom`` may re-run)."""
+        from reprobisect.support.trust import TRUST_FIELD, sign
 
         data = json_safe(self._manifest.to_json())
         sig = sign(data)

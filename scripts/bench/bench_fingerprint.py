@@ -160,7 +160,7 @@ def bench_fingerprints(gib: float, reps: int, use_compile: bool) -> dict[str, fl
 
 
 def bench_compare(trace_mib: int, reps: int, workdir: Path) -> None:
-    from reprobisect.compare import Tolerance, compare_paths
+    from reprobisect.core.compare import Tolerance, compare_paths
     from reprobisect.trace import TraceWriter, record_array
 
     steps = 4

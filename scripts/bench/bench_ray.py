@@ -1,13 +1,13 @@
 """Benchmark of the Ray executor: search rounds with K parallel probes, and Ray's cost per probe.
 
-1. Rounds (pure, simulated verdicts through ``reprobisect.search.Bisection``): on a
+1. Rounds (pure, simulated verdicts through ``reprobisect.core.search.Bisection``): on a
    generated history of N commits, every position of the first bad commit, K = 1, 2, 4
    probes per round; prints mean and max rounds against ceil(log_{K+1}(N-1)).
 2. Overhead (real probes): the same probes of a generated git history through the local
    executor and through the Ray executor (a local Ray instance, no dashboard), one at a
    time, so the difference is Ray's cost per probe (ship the archive, start a fresh worker
    process, return the trace) rather than parallelism. The probe is the real
-   ``reprobisect.probe.run_in_dir`` with a trivial command when the launcher is installed;
+   ``reprobisect.core.probe.run_in_dir`` with a trivial command when the launcher is installed;
    without it, a stand-in that runs ``python -c pass`` in the unpacked tree.
 
     python scripts/bench/bench_ray.py [--n 256] [--probes 8] [--skip-overhead]
@@ -31,7 +31,7 @@ __all__ = ["rounds_table", "overhead"]
 
 def rounds_table(n: int, ks: tuple[int, ...] = (1, 2, 4)) -> list[dict]:
     """Rounds used by the search over every answer position, per K."""
-    from reprobisect.search import Bisection
+    from reprobisect.core.search import Bisection
 
     points = list(range(n))
     rows = []
@@ -58,7 +58,7 @@ def _stand_in(spec, workdir, trace_dir):
     import sys as _sys
 
     from reprobisect.executors.base import ProbeResult
-    from reprobisect.outcome import Outcome
+    from reprobisect.core.outcome import Outcome
 
     r = _sp.run([_sys.executable, "-c", "pass"], cwd=workdir)
     return ProbeResult(spec=spec, outcome=Outcome("ok" if r.returncode == 0 else "crashed"))

@@ -122,9 +122,9 @@ def part_a(root: Path, commits: list[str], probes: int) -> dict:
 
 
 def part_b(root: Path, commits: list[str], culprit: int) -> dict:
-    from reprobisect.options import ProbeOptions
-    from reprobisect.probe import compare_traces
-    from reprobisect.runs import RunsConfig, find_first_bad
+    from reprobisect.core.options import ProbeOptions
+    from reprobisect.core.probe import compare_traces
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     cmd = ("python", "train.py")
     direct = median_time(lambda: subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, check=True), 5)
@@ -139,7 +139,7 @@ def part_b(root: Path, commits: list[str], culprit: int) -> dict:
     per_probe = wall / r.runs
     # the controller's own time: the session's wall less the time its probe processes ran
     # (K=1: probes run one after another, so the difference is what the controller spent)
-    from reprobisect.session import SessionLog
+    from reprobisect.core.session import SessionLog
 
     in_probes = sum(float((e.outcome or {}).get("wall_s") or 0.0) for e in SessionLog.load(r.session_log))
     controller = (wall - in_probes) / r.runs

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reprobisect.search import Bisection
+from reprobisect.core.search import Bisection
 
 __all__ = ["count_search", "count_table", "bench_worktrees", "main"]
 
@@ -145,7 +145,7 @@ def _timed(fn, repeat: int) -> float:
 
 def bench_worktrees(files: int = 300, commits: int = 20, repeat: int = 15) -> dict[str, Any]:
     """Median seconds per probe checkout: fresh worktree add+remove vs a reused pool worktree."""
-    from reprobisect.git import WorktreePool
+    from reprobisect.vcs.git import WorktreePool
 
     def git(cwd: Path, *args: str) -> None:
         subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)

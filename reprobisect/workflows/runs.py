@@ -1,9 +1,9 @@
 """``bisect runs``: find the commit that changed (or broke) training between two revisions.
 
-The driver around the pure search (``reprobisect.search.Bisection``): it resolves the
+The driver around the pure search (``reprobisect.core.search.Bisection``): it resolves the
 range, verifies both endpoints, then keeps K probes in flight on an executor, marks
 their verdicts, re-checks the culprit and its parent, and names the first divergence
-inside the culprit against the last good commit (``reprobisect.compare``).
+inside the culprit against the last good commit (``reprobisect.core.compare``).
 
 What makes it safe to run on a real repository:
 
@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from reprobisect.errors import ProbeError, ReproError, UsageError
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
-from reprobisect.options import ProbeOptions
-from reprobisect.session import ResultCache, SessionEvent, SessionLog, cache_key, probe_environment
+from reprobisect.core.options import ProbeOptions
+from reprobisect.core.session import ResultCache, SessionEvent, SessionLog, cache_key, probe_environment
 
 __all__ = ["RunsConfig", "RunsResult", "CommitSummary", "find_first_bad", "session_path"]
 
@@ -157,7 +157,7 @@ class RunsResult:
         return self.first_bad is not None and not self.recheck.startswith("disagreed")
 
     def __str__(self) -> str:
-        from reprobisect.runs import render_result
+        from reprobisect.workflows.runs import render_result
 
         return render_result(self)
 
@@ -194,7 +194,7 @@ class RunsResult:
 
 
 def _commit_summary(repo: Path, commit: str) -> CommitSummary:
-    from reprobisect import git as _g
+    from reprobisect.vcs import git as _g
 
     info = _g.commit_info(repo, commit)
     return CommitSummary(hash=info.hash, subject=info.subject, author=f"{info.author} <{info.email}>", date=info.date, diffstat=info.diffstat)
@@ -302,7 +302,7 @@ class _Prober:
 
     def _classify_raw(self, commit: str, full_steps: tuple[int, ...] | None = None) -> tuple[Any, str, ProbeResult]:
         """(a ``Verdict``, or a verdict string with its reason, and the result)."""
-        from reprobisect.probe import classify
+        from reprobisect.core.probe import classify
 
         res = self._run_once(commit, full_steps)
         if res.commit_ran and res.commit_ran != commit:
@@ -439,7 +439,7 @@ def _divergence(last_good_trace: str | None, bad_trace: str | None, tolerance: A
     if not last_good_trace or not bad_trace:
         return None, "no trace on one side to compare (the culprit did not record a trace)"
     try:
-        from reprobisect.probe import compare_traces
+        from reprobisect.core.probe import compare_traces
 
         comp = compare_traces(last_good_trace, bad_trace, tolerance)
     except ReproError as e:
@@ -478,7 +478,7 @@ def _load_for_resume(log_path: Path, header: dict[str, Any], points: list[str], 
     """The session log to resume, checked whole before anything runs: readable
     (``SessionLog.load``), this search's (``_check_resumable``) and replayable. Every
     problem is one ``UsageError`` that says to start afresh."""
-    from reprobisect.search import Bisection
+    from reprobisect.core.search import Bisection
 
     log = SessionLog.load(log_path)
     _check_resumable(log, header, points)
@@ -544,14 +544,14 @@ def find_first_bad(
     """Search the history between ``config.good`` and ``config.bad`` for the first bad commit.
 
     ``executor``: where probes run (default: built from ``config.options``; closed at the
-    end when built here). ``progress``: a ``reprobisect.progress.Progress`` to update
+    end when built here). ``progress``: a ``reprobisect.support.progress.Progress`` to update
     (default: one is made unless ``options.quiet``). ``on_event``: called with every
     event appended to the session log (tests use it to interrupt a session).
     Raises ``UsageError`` for bad input and ``ProbeError`` when an endpoint does not probe
     the way its flag says.
     """
-    from reprobisect.probe import CHECKS
-    from reprobisect.search import Bisection
+    from reprobisect.core.probe import CHECKS
+    from reprobisect.core.search import Bisection
 
     t0 = time.monotonic()
     cfg = config
@@ -565,7 +565,7 @@ def find_first_bad(
     if len(terms) != 2 or terms[0] == terms[1]:
         raise UsageError(f"--terms takes two different names, e.g. old,new (got {','.join(terms)})")
 
-    from reprobisect import git as _g
+    from reprobisect.vcs import git as _g
 
     cwd = Path(cfg.cwd or os.getcwd()).resolve()
     info = _g.open_repo(cfg.repo if cfg.repo else cwd)
@@ -606,7 +606,7 @@ def find_first_bad(
         executor = opts.make_executor()
     own_progress = progress is None
     if progress is None:
-        from reprobisect.progress import Progress
+        from reprobisect.support.progress import Progress
 
         progress = Progress(f"bisect runs ({cfg.check})", total=None, quiet=opts.quiet)
 

@@ -1,6 +1,6 @@
 """The ``bisect`` command-line program: a click group whose subcommands load lazily.
 
-Each subcommand lives in ``reprobisect.commands.<name>`` and is imported only when it is
+Each subcommand lives in ``reprobisect.cli.commands.<name>`` and is imported only when it is
 run (or listed with its help), so ``bisect --help`` stays fast and imports no framework.
 
 ``main`` is the one error boundary: every exception ends as one line and a documented exit
@@ -52,17 +52,17 @@ _USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.E
 
 # name -> (module, one-line help shown in `bisect --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "capture": ("reprobisect.commands.capture", "Record a few steps of an unmodified training command into a trace."),
-    "compare": ("reprobisect.commands.compare", "Name the first step, stage and tensor where two traces disagree."),
-    "runs": ("reprobisect.commands.runs", "Find the commit that changed (or broke) training between --good and --bad."),
-    "probe": ("reprobisect.commands.probe", "Probe the current checkout once (exit 0 good, 1 bad, 125 skip) for git bisect run."),
-    "repro": ("reprobisect.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
-    "seeds": ("reprobisect.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
-    "envs": ("reprobisect.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
-    "audit": ("reprobisect.commands.audit", "Run a nightly determinism audit from a YAML config."),
-    "doctor": ("reprobisect.commands.doctor", "Check a run for the symptoms of the debugging guide."),
-    "report": ("reprobisect.commands.report", "Render a result as text or a self-contained HTML report."),
-    "demo": ("reprobisect.commands.demo", "Try it in one minute: bisect a generated repository."),
+    "capture": ("reprobisect.cli.commands.capture", "Record a few steps of an unmodified training command into a trace."),
+    "compare": ("reprobisect.cli.commands.compare", "Name the first step, stage and tensor where two traces disagree."),
+    "runs": ("reprobisect.cli.commands.runs", "Find the commit that changed (or broke) training between --good and --bad."),
+    "probe": ("reprobisect.cli.commands.probe", "Probe the current checkout once (exit 0 good, 1 bad, 125 skip) for git bisect run."),
+    "repro": ("reprobisect.cli.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
+    "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
+    "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
+    "audit": ("reprobisect.cli.commands.audit", "Run a nightly determinism audit from a YAML config."),
+    "doctor": ("reprobisect.cli.commands.doctor", "Check a run for the symptoms of the debugging guide."),
+    "report": ("reprobisect.cli.commands.report", "Render a result as text or a self-contained HTML report."),
+    "demo": ("reprobisect.cli.commands.demo", "Try it in one minute: bisect a generated repository."),
 }
 
 
@@ -133,7 +133,7 @@ def _debug(args: list[str]) -> bool:
 
 
 def _log_dir() -> Path:
-    from reprobisect.cachedir import user_cache_dir
+    from reprobisect.support.cachedir import user_cache_dir
 
     return user_cache_dir() / "logs"
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     Every outcome is a documented exit status (see the module docstring and README's exit
     codes); no exception escapes as a traceback. SIGTERM/SIGHUP clean up like Ctrl-C.
     """
-    from reprobisect import interrupt
+    from reprobisect.support import interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
     probe = _subcommand(args) == "probe"

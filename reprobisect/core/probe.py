@@ -33,7 +33,7 @@ from typing import Any
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
-from reprobisect.outcome import LAUNCH_EXIT, Outcome
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome
 
 __all__ = [
     "CHECKS",
@@ -240,7 +240,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
     Raises ``UsageError`` only for a command that is not Python (nothing can run it).
 
-    The command's stdout and stderr are kept, bounded (``reprobisect.outputlog``), as
+    The command's stdout and stderr are kept, bounded (``reprobisect.support.outputlog``), as
     ``output.log`` in ``trace_dir`` once it ended (when the launcher made the trace
     folder); ``echo`` also streams them live to this process's stdout/stderr (``bisect
     capture``). The result's ``output_tail`` holds the last lines of both, interleaved.
@@ -280,7 +280,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     env.update(spec.env)
     trace_dir.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
-    from reprobisect.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
+    from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
 
     log = BoundedOutput()
     try:
@@ -362,8 +362,8 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
 
 def _link_hint(outcome: Outcome, spec: ProbeSpec, workdir: Path, err: str) -> Outcome:
     """Say ``--link PATH`` when the probe failed on a file the user's checkout has and the
-    worktree lacks (data git ignores, an untracked config); ``reprobisect.hints``."""
-    from reprobisect.hints import missing_link_hint
+    worktree lacks (data git ignores, an untracked config); ``reprobisect.core.hints``."""
+    from reprobisect.core.hints import missing_link_hint
 
     try:
         hint = missing_link_hint("\n".join(x for x in (outcome.detail, outcome.traceback or "", err) if x),
@@ -391,7 +391,7 @@ class Verdict:
     verdict: str
     reason: str
     comparison: Any = None
-    """The ``reprobisect.compare`` result when one was made."""
+    """The ``reprobisect.core.compare`` result when one was made."""
     check: str = ""
 
     def __post_init__(self) -> None:
@@ -429,9 +429,9 @@ def _trace_path(x: Any) -> str | None:
 
 
 def as_tolerance(tolerance: Any) -> Any:
-    """A ``reprobisect.compare.Tolerance`` from None (auto), 'bitwise', 'default',
+    """A ``reprobisect.core.compare.Tolerance`` from None (auto), 'bitwise', 'default',
     {'atol', 'rtol'} (explicit) or a ``Tolerance`` itself."""
-    from reprobisect.compare import Tolerance
+    from reprobisect.core.compare import Tolerance
 
     if tolerance is None or isinstance(tolerance, Tolerance):
         return tolerance
@@ -449,7 +449,7 @@ def compare_traces(a: Any, b: Any, tolerance: Any = None) -> Any:
     last whole step (a probe stopped at its step limit is complete; one that crashed is
     compared as far as it got).
     """
-    from reprobisect.compare import compare_paths
+    from reprobisect.core.compare import compare_paths
 
     pa, pb = _trace_path(a), _trace_path(b)
     if pa is None or pb is None:

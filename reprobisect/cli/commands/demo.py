@@ -1,6 +1,6 @@
 """``bisect demo``: build a throwaway repository with a silent numerics change and bisect it.
 
-Thin: calls ``reprobisect.demo.run_demo`` and prints the answer. Exit 0 when the search
+Thin: calls ``reprobisect.workflows.demo.run_demo`` and prints the answer. Exit 0 when the search
 names the commit the demo planted, 1 otherwise.
 """
 
@@ -27,8 +27,8 @@ def command(directory: str | None, jobs: int, keep: bool, quiet: bool, as_json: 
     one does not import), runs `bisect runs --check match` on it, and prints the commit
     that changed training and the first tensor that changed inside it.
     """
-    from reprobisect.demo import DEMO_COMMAND, run_demo
-    from reprobisect.progress import Progress
+    from reprobisect.workflows.demo import DEMO_COMMAND, run_demo
+    from reprobisect.support.progress import Progress
 
     quiet = quiet or as_json
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))

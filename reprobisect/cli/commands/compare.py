@@ -1,6 +1,6 @@
 """`bisect compare A B`: name the first step, stage and tensor where two traces disagree.
 
-Parses the tolerance options, calls ``reprobisect.compare.compare_paths`` and renders the
+Parses the tolerance options, calls ``reprobisect.core.compare.compare_paths`` and renders the
 ``Comparison`` as text or JSON. Exit status: 0 agree, 1 diverged, 2 bad input.
 """
 
@@ -12,7 +12,7 @@ import sys
 import click
 
 from reprobisect.errors import UsageError
-from reprobisect.options import NON_NEGATIVE
+from reprobisect.core.options import NON_NEGATIVE
 
 __all__ = ["command"]
 
@@ -45,7 +45,7 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
     record on this machine (someone else's) is untrusted: zoom shows what it would run
     and asks, or, without a terminal, refuses unless --trust-trace is given.
     """
-    from reprobisect.compare import Tolerance, compare_paths
+    from reprobisect.core.compare import Tolerance, compare_paths
 
     if (atol is not None or rtol is not None) and mode is not None:
         raise UsageError("give either --tolerance or --atol/--rtol, not both")
@@ -77,7 +77,7 @@ def _confirm(text: str) -> bool:
 
 def _zoom(a: str, b: str, divergence, trust: bool = False):
     try:
-        from reprobisect.zoom import run_zoom
+        from reprobisect.workflows.zoom import run_zoom
     except ImportError:
         run_zoom = None
     if run_zoom is None:

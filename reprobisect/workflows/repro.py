@@ -21,8 +21,8 @@ from typing import Any
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
-from reprobisect.options import ProbeOptions
-from reprobisect.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
+from reprobisect.core.options import ProbeOptions
+from reprobisect.core.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
 
 __all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "render_repro", "result_json", "spec_for", "render_comparison"]
 
@@ -157,7 +157,7 @@ class ReproResult:
 
     runs: tuple[ProbeResult, ...]
     comparisons: tuple[Any, ...]
-    """``comparisons[i]`` compares run 0 with run i+1 (``reprobisect.compare`` results)."""
+    """``comparisons[i]`` compares run 0 with run i+1 (``reprobisect.core.compare`` results)."""
     tolerance: Any
     hashseeds: tuple[str | None, ...] = ()
     """PYTHONHASHSEED given to each run (None: left as the user's environment has it)."""
@@ -256,7 +256,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
                  env={"PYTHONHASHSEED": seeds[i]} if seeds[i] is not None else None)
         for i in range(runs)
     ]
-    from reprobisect.progress import progress
+    from reprobisect.support.progress import progress
 
     with options.make_executor() as ex, progress("repro", total=runs, quiet=options.quiet) as p:
         futures = submit_all(ex, specs)
@@ -305,7 +305,7 @@ def render_repro(result: ReproResult) -> str:
         lines.append(render_comparison(comp))
         if result.flakiness:
             lines.append(f"note: {result.flakiness}")
-        # hint: lines come with the comparison (reprobisect.hints: only what the evidence supports)
+        # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
     return "\n".join(lines)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reprobisect.compare import Comparison, Divergence, TensorDiff
-from reprobisect.envdiff import EnvChange
+from reprobisect.core.compare import Comparison, Divergence, TensorDiff
+from reprobisect.core.envdiff import EnvChange
 
 __all__ = ["render_comparison", "render_divergence", "render_env", "format_number"]
 

@@ -43,7 +43,7 @@ from typing import Any, Iterable
 
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import ProbeResult
-from reprobisect.options import ProbeOptions
+from reprobisect.core.options import ProbeOptions
 
 __all__ = [
     "COMPONENTS",
@@ -133,7 +133,7 @@ class SeedMap:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        from reprobisect.repro import result_json
+        from reprobisect.workflows.repro import result_json
 
         fd = self.first_divergence
         return {
@@ -504,9 +504,9 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
     """
     if not options.full_steps:
         options = replace(options, full_steps=(0,))
-    from reprobisect.probe import compare_traces, retry_once
-    from reprobisect.progress import progress
-    from reprobisect.repro import _failed, spec_for
+    from reprobisect.core.probe import compare_traces, retry_once
+    from reprobisect.support.progress import progress
+    from reprobisect.workflows.repro import _failed, spec_for
     from reprobisect.trace.reader import read_trace
 
     seeds = parse_seeds(seeds) if isinstance(seeds, str) else parse_seeds(list(seeds))

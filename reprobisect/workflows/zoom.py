@@ -18,7 +18,7 @@ not repeated: when the two sides differ by one, the caller (``bisect envs``) pas
 The re-runs go through ``probe.run_in_dir`` (own process group, timeout, outcome).
 
 Trust: re-running what a manifest records is running code named by the trace. A trace
-this user did not record on this machine (``reprobisect.trust``: the manifest's HMAC does
+this user did not record on this machine (``reprobisect.support.trust``: the manifest's HMAC does
 not verify with this user's key) is re-run only with ``trust=True`` or when ``confirm``
 (shown the exact command, folder and variables) says yes; otherwise ``UntrustedTraceError``
 and nothing runs.
@@ -278,7 +278,7 @@ def _describe(trace: Trace, spec: Any) -> str:
 
 def untrusted_reruns(traces: list[Trace], specs: list[Any]) -> list[str]:
     """One line per re-run whose trace is not trusted here (empty: all were recorded here)."""
-    from reprobisect.trust import is_trusted
+    from reprobisect.support.trust import is_trusted
 
     return [_describe(t, s) for t, s in zip(traces, specs) if not is_trusted(t)]
 
@@ -304,11 +304,11 @@ def run_zoom(
     temporary folder that is removed afterwards. Raises ``ProbeError`` when a re-run
     does not produce a trace.
 
-    A side whose trace was not recorded by this user here (``reprobisect.trust``) is
+    A side whose trace was not recorded by this user here (``reprobisect.support.trust``) is
     re-run only with ``trust=True`` or when ``confirm(text)`` returns True (``text``
     names what would run); otherwise ``UntrustedTraceError`` is raised before anything runs.
     """
-    from reprobisect.probe import run_in_dir
+    from reprobisect.core.probe import run_in_dir
 
     ta = a if isinstance(a, Trace) else read_trace(a, allow_incomplete=True)
     tb = b if isinstance(b, Trace) else read_trace(b, allow_incomplete=True)

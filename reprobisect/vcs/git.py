@@ -325,7 +325,7 @@ def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: 
     by a SIGKILL'd session: its folder goes at a later start, once that probe has ended).
     Runs when a pool starts and when ``bisect runs`` starts (its probes may all be cached).
     """
-    from reprobisect.interrupt import in_use, pid_alive
+    from reprobisect.support.interrupt import in_use, pid_alive
 
     info = _info(repo)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(info)
@@ -607,7 +607,7 @@ def session_lock(
 ) -> Iterator[Path]:
     """Hold the repository's session lock for the duration of the block.
 
-    The lock is an ``fcntl.flock`` on ``<common git dir>/reprobisect/session.lock``, so
+    The lock is an ``fcntl.flock`` on ``<common git dir>/reprobisect/core/session.lock``, so
     two sessions started from different worktrees of one repository exclude each other,
     and a killed session releases it (the kernel drops the lock with the process). A
     second session calls ``on_wait`` once with a message naming the holder, waits up to

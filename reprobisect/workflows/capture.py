@@ -4,7 +4,7 @@
 command is rewritten to run under the launcher (``python -m reprobisect.runners.launch
 --trace DIR ... -- train.py --lr 1e-3``: ``python``/``python3`` become the interpreter
 running reprobisect, an explicit path to a Python stays that Python, interpreter options
-are kept) and run by the same code that runs every probe (``reprobisect.probe``): its
+are kept) and run by the same code that runs every probe (``reprobisect.core.probe``): its
 own process group, a timeout that kills the whole group, the outcome the launcher
 sealed into the trace's manifest.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from reprobisect.checks import check_number
+from reprobisect.core.checks import check_number
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import ProbeSpec
-from reprobisect.outcome import Outcome
+from reprobisect.core.outcome import Outcome
 
 __all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
 
@@ -101,7 +101,7 @@ class CaptureResult:
     @property
     def output_log(self) -> str | None:
         """The command's output (bounded) in the trace folder, when it was kept."""
-        from reprobisect.outputlog import OUTPUT_LOG
+        from reprobisect.support.outputlog import OUTPUT_LOG
 
         p = Path(self.trace) / OUTPUT_LOG
         return str(p) if p.is_file() else None
@@ -126,7 +126,7 @@ class CaptureResult:
 def launch_command(argv: Sequence[str], trace: str | os.PathLike, config: CaptureConfig | None = None,
                    cwd: str | os.PathLike | None = None) -> list[str]:
     """The launcher command line that records ``argv`` into ``trace`` (nothing runs)."""
-    from reprobisect.probe import launch_argv
+    from reprobisect.core.probe import launch_argv
 
     config = config or CaptureConfig()
     if not argv:
@@ -142,7 +142,7 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     Raises ``UsageError`` for a command that is not Python or an output path that is
     not a trace folder; every way the command itself can end is an ``Outcome``.
     """
-    from reprobisect.probe import run_in_dir
+    from reprobisect.core.probe import run_in_dir
 
     config = config or CaptureConfig()
     workdir = Path(cwd or os.getcwd()).resolve()
@@ -155,7 +155,7 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     check_trace_target(trace)
     cmd = launch_command(argv, trace, config, workdir)
     # the command's output streams live (as under git bisect run) unless quiet; it is kept
-    # in the trace folder as output.log either way (reprobisect.outputlog)
+    # in the trace folder as output.log either way (reprobisect.support.outputlog)
     result = run_in_dir(config.spec(argv, workdir), workdir, trace, echo=not config.quiet)
     return CaptureResult(
         outcome=result.outcome,

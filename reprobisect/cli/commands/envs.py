@@ -10,7 +10,7 @@ import json
 
 import click
 
-from reprobisect.options import ProbeOptions, probe_options, split_command
+from reprobisect.core.options import ProbeOptions, probe_options, split_command
 
 __all__ = ["command"]
 
@@ -27,7 +27,7 @@ __all__ = ["command"]
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, spec_a: str, spec_b: str, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Compare one command under two environments."""
-    from reprobisect.envs import render_envs, run_envs
+    from reprobisect.workflows.envs import render_envs, run_envs
 
     result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_envs(result))

@@ -6,7 +6,7 @@ re-running its command is running their code. So the trace writer seals into the
 (``recorder.trust``) an HMAC-SHA256 of exactly what a re-run would execute (the command,
 the interpreter, the working folder and the recorded environment variables), keyed by a
 random secret kept per user in ``$REPROBISECT_CACHE_DIR/trust-key`` (default
-``~/.cache/reprobisect/trust-key``, mode 0600, made on first use). A trace is *trusted*
+``~/.cache/reprobisect/support/trust-key``, mode 0600, made on first use). A trace is *trusted*
 when that HMAC verifies with this user's key.
 
 Why an HMAC and not the bare identity: traces are shared, so anything they carry is public.
@@ -40,7 +40,7 @@ _VERSION = 1
 
 def key_path() -> Path:
     """Where this user's secret lives (``$REPROBISECT_CACHE_DIR`` or ``~/.cache/reprobisect``)."""
-    from reprobisect.cachedir import user_cache_dir
+    from reprobisect.support.cachedir import user_cache_dir
 
     return user_cache_dir() / "trust-key"
 

@@ -371,8 +371,8 @@ def run_demo(
     Returns ``(DemoRepo, RunsResult)``. A tmp dir is removed afterwards unless ``keep``;
     a given ``directory`` is always kept. ``on_built`` is called once the repository exists.
     """
-    from reprobisect.options import ProbeOptions
-    from reprobisect.runs import RunsConfig, find_first_bad
+    from reprobisect.core.options import ProbeOptions
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     tmp = None
     if directory is None:

@@ -1,6 +1,6 @@
 """``bisect runs --good G --bad B -- CMD``: the commit that changed (or broke) training.
 
-Thin: parses, calls ``reprobisect.runs.find_first_bad``, prints the answer or ``--json``.
+Thin: parses, calls ``reprobisect.workflows.runs.find_first_bad``, prints the answer or ``--json``.
 Exit 0 when one first bad commit is named, 1 when the answer is ambiguous or none was
 found, 2 for bad input.
 """
@@ -11,7 +11,7 @@ import json
 
 import click
 
-from reprobisect.options import ProbeOptions, link_option, probe_options, split_command
+from reprobisect.core.options import ProbeOptions, link_option, probe_options, split_command
 
 __all__ = ["command"]
 
@@ -51,7 +51,7 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
     from dataclasses import replace
 
     from reprobisect.errors import UsageError
-    from reprobisect.runs import RunsConfig, find_first_bad
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     argv = split_command(cmd)
     names = tuple(t.strip() for t in terms.split(","))

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from reprobisect.envdiff import EnvChange, diff_environments
+from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace.format import Record, Step, tensor_key
 from reprobisect.trace.reader import Trace, read_trace
@@ -531,9 +531,9 @@ class Comparison:
     status_b: str = "complete"
     explanation: str = ""
     """A likely explanation shown under the first divergence (``lr differs: 0.001 vs 0.002
-    at step 0`` next to a ``param`` divergence whose gradients agreed); ``reprobisect.hints``."""
+    at step 0`` next to a ``param`` divergence whose gradients agreed); ``reprobisect.core.hints``."""
     hints: tuple[str, ...] = ()
-    """Likely causes the evidence supports (no seed set, string hashing); ``reprobisect.hints``."""
+    """Likely causes the evidence supports (no seed set, string hashing); ``reprobisect.core.hints``."""
 
     def __bool__(self) -> bool:
         return self.first is None and not self.structure
@@ -794,7 +794,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
     if first is not None and not structure:
         from dataclasses import replace as _replace
 
-        from reprobisect import hints as _hints
+        from reprobisect.core import hints as _hints
 
         try:  # a hint is a courtesy: never lose the comparison over one
             explanation = _hints.lr_note(a, b, comp) or ""

@@ -9,7 +9,7 @@ cleanup path written for Ctrl-C runs (the executor kills its probes' process gro
 removes its worktrees, temporary folders go, the session log keeps only finished
 probes), and the CLI exits ``128 + signal``: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP).
 A second signal while that cleanup runs is ignored (cleanup is bounded: a killed probe
-gets ``reprobisect.probe`` 's short grace); SIGKILL still ends everything at once. A
+gets ``reprobisect.core.probe`` 's short grace); SIGKILL still ends everything at once. A
 SIGHUP that is ignored when the command starts (``nohup``) stays ignored.
 
 SIGKILL cannot be handled, so what a killed session leaves is cleaned when the next one
@@ -17,7 +17,7 @@ starts: ``make_temp_dir`` marks every temporary folder it makes with an owner fi
 host, the process's start time) under a ``reprobisect-`` prefix, and removes such
 folders whose owner is dead — never one without our owner file, one of another host or
 user, one whose owner still runs, or one a live process still uses (a probe orphaned by
-the kill). Worktrees of dead sessions are removed by ``reprobisect.git.WorktreePool``
+the kill). Worktrees of dead sessions are removed by ``reprobisect.vcs.git.WorktreePool``
 with the same care (``in_use``).
 """
 

@@ -13,7 +13,7 @@ import json
 
 import click
 
-from reprobisect.options import ProbeOptions, probe_options, split_command
+from reprobisect.core.options import ProbeOptions, probe_options, split_command
 
 __all__ = ["command"]
 
@@ -35,7 +35,7 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
     Bad input exits 128 and an internal error 129: git bisect run stops instead of
     blaming the commit.
     """
-    from reprobisect.repro import probe_checkout
+    from reprobisect.workflows.repro import probe_checkout
 
     report = probe_checkout(split_command(cmd), options, check=check, reference=reference)
     if as_json:
@@ -45,7 +45,7 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
         where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
         click.echo(f"{report.verdict.verdict}{where}: {report.verdict.reason}")
         if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
-            from reprobisect.repro import render_comparison
+            from reprobisect.workflows.repro import render_comparison
 
             click.echo(render_comparison(report.verdict.comparison))
     return report.exit_code

@@ -10,7 +10,7 @@ An environment SPEC is comma-separated items:
                       (``device=cuda``, ``dtype=bf16``)
 
 ``run_envs`` probes both sides (in parallel when the executor has two jobs), then gives
-the environment diff (``reprobisect.envdiff``: numerics-relevant changes first) and the
+the environment diff (``reprobisect.core.envdiff``: numerics-relevant changes first) and the
 first divergence under the ``default`` tolerance (per dtype) unless told otherwise.
 A value containing a comma can be written with ``\\,``.
 """
@@ -26,7 +26,7 @@ from typing import Any
 from reprobisect.errors import UsageError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult
-from reprobisect.options import ProbeOptions
+from reprobisect.core.options import ProbeOptions
 
 __all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs", "render_envs"]
 
@@ -105,15 +105,15 @@ class EnvsResult:
     b: EnvSpec
     runs: tuple[ProbeResult, ProbeResult]
     env_changes: tuple[Any, ...]
-    """``reprobisect.envdiff.EnvChange`` per differing key, numerics changes first."""
+    """``reprobisect.core.envdiff.EnvChange`` per differing key, numerics changes first."""
     comparison: Any
-    """The ``reprobisect.compare.Comparison`` of side a with side b."""
+    """The ``reprobisect.core.compare.Comparison`` of side a with side b."""
 
     def __bool__(self) -> bool:
         return bool(self.comparison)
 
     def to_json(self) -> dict[str, Any]:
-        from reprobisect.repro import result_json
+        from reprobisect.workflows.repro import result_json
 
         c = self.comparison
         return {
@@ -129,10 +129,10 @@ class EnvsResult:
 def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
              cwd: str | os.PathLike | None = None) -> EnvsResult:
     """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance)."""
-    from reprobisect.envdiff import diff_environments
-    from reprobisect.probe import compare_traces, retry_once
-    from reprobisect.progress import progress
-    from reprobisect.repro import _failed, spec_for
+    from reprobisect.core.envdiff import diff_environments
+    from reprobisect.core.probe import compare_traces, retry_once
+    from reprobisect.support.progress import progress
+    from reprobisect.workflows.repro import _failed, spec_for
     from reprobisect.trace.reader import read_trace
 
     sa, sb = parse_env_spec(a, "a"), parse_env_spec(b, "b")
@@ -160,8 +160,8 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
 
 def render_envs(r: EnvsResult) -> str:
     """Text for ``bisect envs``: the environment diff first, then the first divergence."""
-    from reprobisect.envdiff import format_changes
-    from reprobisect.repro import render_comparison
+    from reprobisect.core.envdiff import format_changes
+    from reprobisect.workflows.repro import render_comparison
 
     lines = [f"side a: {r.a.text}", f"side b: {r.b.text}"]
     text = render_comparison(r.comparison)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import click
 
-from reprobisect.checks import check_number
+from reprobisect.core.checks import check_number
 from reprobisect.errors import UsageError
 
 __all__ = ["ProbeOptions", "probe_options", "link_option", "check_number", "FiniteFloat", "POSITIVE_SECONDS", "NON_NEGATIVE", "split_command", "load_config", "build_options", "with_defaults", "TOLERANCES", "parse_steps"]

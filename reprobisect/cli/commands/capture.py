@@ -11,7 +11,7 @@ import json
 
 import click
 
-from reprobisect.options import POSITIVE_SECONDS, parse_steps
+from reprobisect.core.options import POSITIVE_SECONDS, parse_steps
 
 __all__ = ["command"]
 
@@ -36,7 +36,7 @@ __all__ = ["command"]
 def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, max_records_per_step, quiet, as_json,
             cmd) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace."""
-    from reprobisect.capture import CaptureConfig, capture
+    from reprobisect.workflows.capture import CaptureConfig, capture
 
     config = CaptureConfig(
         steps=steps,

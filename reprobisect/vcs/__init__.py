@@ -1,0 +1,2 @@
+"""Version control: the git repository (revisions, worktrees, lock, archives) and DVC data.
+"""
