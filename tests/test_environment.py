@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from reprobisect.core.envdiff import ABSENT, diff_environments, format_changes
+from reprobisect.core.envdiff import ABSENT, diff_environments
+from reprobisect.render import format_changes
 
 PY = sys.executable
 

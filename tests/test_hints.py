@@ -132,7 +132,8 @@ def test_hashseed_hint_only_for_data_order_with_hashing_randomised(tmp_path):
 def test_repro_text_has_no_hashseed_hint_for_an_unseeded_script(tmp_path):
     from reprobisect.executors.base import ProbeResult, ProbeSpec
     from reprobisect.core.outcome import Outcome
-    from reprobisect.workflows.repro import ReproResult, render_repro
+    from reprobisect.render import render_repro
+    from reprobisect.workflows.repro import ReproResult
 
     a, b = trace(tmp_path / "a", init_seed=1), trace(tmp_path / "b", init_seed=2)
     c = compare_paths(a, b)

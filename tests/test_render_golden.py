@@ -22,9 +22,19 @@ from reprobisect.core.outcome import Outcome
 from reprobisect.core.probe import Verdict
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.trace import TraceWriter, read_trace, record_array
-from reprobisect.workflows.envs import EnvsResult, parse_env_spec, render_envs
-from reprobisect.workflows.repro import ProbeReport, ReproResult, render_comparison, render_repro
-from reprobisect.workflows.seeds import SeedMap, noise_floor, render_seed_map, seed_map
+from reprobisect.render import (
+    envs_json,
+    probe_report_json,
+    render_envs,
+    render_probe_report,
+    render_repro,
+    render_seed_map,
+    repro_json,
+    seed_map_json,
+)
+from reprobisect.workflows.envs import EnvsResult, parse_env_spec
+from reprobisect.workflows.repro import ProbeReport, ReproResult
+from reprobisect.workflows.seeds import SeedMap, noise_floor, seed_map
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 ENV = {"device": "cpu", "python": {"argv": ["train.py", "--lr", "1e-3"]}, "env_vars": {"PYTHONHASHSEED": "0"},
@@ -111,11 +121,11 @@ def test_repro_text_and_json(traces):
                "threads": {"num_threads": 4}}
     r = ReproResult(runs=runs, comparisons=comps, tolerance="bitwise", hashseeds=("0", "1", "2"), environment_set=env_set)
     _check("repro_differs.txt", render_repro(r) + "\n", root)
-    _check("repro_differs.json", _json(r.to_json()), root)
+    _check("repro_differs.json", _json(repro_json(r)), root)
     same = ReproResult(runs=(runs[0], runs[2]), comparisons=(comps[1],), tolerance={"atol": 1e-5, "rtol": 0.0},
                        hashseeds=(None, None), environment_set={})
     _check("repro_same.txt", render_repro(same) + "\n", root)
-    _check("repro_same.json", _json(same.to_json()), root)
+    _check("repro_same.json", _json(repro_json(same)), root)
 
 
 def test_seeds_text_and_json(traces):
@@ -126,10 +136,10 @@ def test_seeds_text_and_json(traces):
     m = SeedMap(seeds=seeds, components=seed_map(ts, seeds), runs=runs, noise_floor=noise_floor(ts),
                 first_divergence=compare_paths(traces["s0"], traces["s1"], tolerance=Tolerance(mode="bitwise")))
     _check("seeds.txt", render_seed_map(m) + "\n", root)
-    _check("seeds.json", _json(m.to_json()), root)
+    _check("seeds.json", _json(seed_map_json(m)), root)
     m2 = SeedMap(seeds=seeds[:2], components=seed_map(ts[:2], seeds[:2]), runs=runs[:2])
     _check("seeds_plain.txt", render_seed_map(m2) + "\n", root)
-    _check("seeds_plain.json", _json(m2.to_json()), root)
+    _check("seeds_plain.json", _json(seed_map_json(m2)), root)
 
 
 def test_envs_text_and_json(traces):
@@ -140,17 +150,7 @@ def test_envs_text_and_json(traces):
     r = EnvsResult(a=sa, b=sb, runs=(_result("envs-a", traces["a"]), _result("envs-b", traces["b"])),
                    env_changes=tuple(diff_environments(ta.manifest.environment, tb.manifest.environment)), comparison=comp)
     _check("envs.txt", render_envs(r) + "\n", root)
-    _check("envs.json", _json(r.to_json()), root)
-
-
-def _probe_text(report: ProbeReport) -> str:
-    """What ``bisect probe`` prints without --json."""
-    r = report.result
-    where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
-    lines = [f"{report.verdict.verdict}{where}: {report.verdict.reason}"]
-    if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
-        lines.append(render_comparison(report.verdict.comparison))
-    return "\n".join(lines) + "\n"
+    _check("envs.json", _json(envs_json(r)), root)
 
 
 def test_probe_text_and_json(traces):
@@ -158,9 +158,9 @@ def test_probe_text_and_json(traces):
     comp = compare_paths(traces["a"], traces["b"], tolerance=Tolerance(mode="bitwise"))
     bad = ProbeReport(verdict=Verdict("bad", "differs from the reference: step 1", comparison=comp, check="match"),
                       result=_result("probe-1", traces["b"]), reference=traces["a"])
-    _check("probe_bad.txt", _probe_text(bad), root)
-    _check("probe_bad.json", _json(bad.to_json()), root)
+    _check("probe_bad.txt", render_probe_report(bad) + "\n", root)
+    _check("probe_bad.json", _json(probe_report_json(bad)), root)
     good = ProbeReport(verdict=Verdict("good", "no NaN/Inf in 3 step(s)", check="finite"),
                        result=ProbeResult(spec=ProbeSpec(key="probe-2", argv=("python", "t.py")), outcome=Outcome("ok")))
-    _check("probe_good.txt", _probe_text(good), root)
-    _check("probe_good.json", _json(good.to_json()), root)
+    _check("probe_good.txt", render_probe_report(good) + "\n", root)
+    _check("probe_good.json", _json(probe_report_json(good)), root)

@@ -573,7 +573,8 @@ class Comparison:
         }
 
     def __str__(self) -> str:
-        from reprobisect.render import render_comparison
+        # the text lives in the rendering package (a leaf: importing it here makes no cycle)
+        from reprobisect.render.comparison import render_comparison
 
         return render_comparison(self)
 

@@ -16,7 +16,7 @@ Every change is marked:
 Nothing is silently dropped: the record holds no timestamps or pids, so there is no
 key that always differs. A host difference is shown (it often explains the rest, e.g.
 another CPU), but as ``info``, after the numerics changes. Lists (devices) compare whole.
-Pure: no framework import, no I/O.
+Pure: no framework import, no I/O. ``reprobisect.render.envs.format_changes`` says a list of changes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
-__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "diff_environments", "format_changes"]
+__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "diff_environments"]
 
 ABSENT = "(absent)"
 """The value shown for a key present on one side only."""
@@ -135,18 +135,3 @@ def diff_environments(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) 
         changes.append(EnvChange(path=path, a=va, b=vb, category=category_of(path)))
     changes.sort(key=lambda c: c.category != "numerics")
     return changes
-
-
-def format_changes(changes: Iterable[EnvChange], *, include_info: bool = True) -> str:
-    """Text block: numerics changes, then info changes; empty string when there are none."""
-    changes = list(changes)
-    lines = []
-    num = [c for c in changes if c.numerics]
-    info = [c for c in changes if not c.numerics]
-    if num:
-        lines.append("environment differences that can change numerics:")
-        lines += [f"  {c}" for c in num]
-    if info and include_info:
-        lines.append("other environment differences:")
-        lines += [f"  {c}" for c in info]
-    return "\n".join(lines)

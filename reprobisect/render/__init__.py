@@ -1,160 +1,40 @@
-"""Plain-text rendering of comparison results, for terminals, logs and pipes alike.
+"""Rendering: every text and ``--json`` document the commands print, in one place.
 
-The order is the order a reader needs: the environment differences first (they often
-explain everything), then the tolerance and what was compared, then the first broken
-link (origin or propagation), then the next few divergences and a per-step tally.
-Plain text with ``·`` separators: it reads the same piped into a file as on a terminal.
+The library returns result values (``Comparison``, ``ReproResult``, ``SeedMap``, ...);
+these functions read them by their attributes and say them. This package is a leaf: it
+imports nothing of reprobisect but itself, so any layer may render without a cycle.
+
+``comparison``  ``bisect compare`` (and the comparison inside every other answer)
+``repro``       ``bisect repro`` and ``bisect probe``
+``seeds``       ``bisect seeds``
+``envs``        ``bisect envs`` (and ``format_changes`` for environment diffs)
+
+The values' own ``to_json`` (trace manifest and steps, session log events, ``Outcome``,
+the comparison's data) stays with them: it is what they persist or embed; the documents
+the CLI prints are composed here.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from reprobisect.render.comparison import comparison_json, format_number, render_comparison, render_divergence, render_env
+from reprobisect.render.envs import envs_json, format_changes, render_envs
+from reprobisect.render.repro import probe_report_json, probe_result_json, render_probe_report, render_repro, repro_json
+from reprobisect.render.seeds import render_seed_map, seed_map_json
 
-from reprobisect.core.compare import Comparison, Divergence, TensorDiff
-from reprobisect.core.envdiff import EnvChange
-
-__all__ = ["render_comparison", "render_divergence", "render_env", "format_number"]
-
-_ENV_SHOWN = 20
-_VALUE_WIDTH = 60
-
-
-def format_number(x: float | None) -> str:
-    """A float in at most a few significant digits (``3.1e-07``, ``0.25``, ``inf``)."""
-    if x is None:
-        return "-"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    if 1e-2 <= abs(x) < 1e5:
-        return f"{x:.3g}"
-    return f"{x:.1e}"
-
-
-def _short(v: Any, path: str = "") -> str:
-    s = repr(v)
-    if _whole(path):
-        return s
-    return s if len(s) <= _VALUE_WIDTH else s[: _VALUE_WIDTH - 1] + "…"
-
-
-def _whole(path: str) -> bool:
-    """Values shown whole however long: a command line, whose differing flag may sit anywhere."""
-    last = path.rsplit(".", 1)[-1]
-    return last in ("argv", "command", "orig_argv")
-
-
-def render_env(env: tuple[EnvChange, ...] | list[EnvChange]) -> list[str]:
-    if not env:
-        return ["environment: no differences"]
-    numerics = [d for d in env if not d.info]
-    lines = [f"environment differences ({len(numerics)} numerics-relevant, {len(env) - len(numerics)} launch info):"]
-    # a differing command line is shown with the numerics changes, never cut off by the limit
-    env = sorted(env, key=lambda d: (d.info, not _whole(d.key)))
-    for d in list(env)[:_ENV_SHOWN]:
-        tag = "  (info)" if d.info else ""
-        if d.change == "changed":
-            lines.append(f"  {d.key}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
-        elif d.change == "added":
-            lines.append(f"  {d.key}: only in B = {_short(d.b, d.key)}{tag}")
-        else:
-            lines.append(f"  {d.key}: only in A = {_short(d.a, d.key)}{tag}")
-    if len(env) > _ENV_SHOWN:
-        lines.append(f"  … and {len(env) - _ENV_SHOWN} more (--json lists all)")
-    return lines
-
-
-def _measure(diff: TensorDiff) -> list[str]:
-    parts: list[str] = []
-    if diff.source == "tensors":
-        parts.append(f"max abs {format_number(diff.max_abs)}")
-        if diff.max_rel:
-            parts.append(f"max rel {format_number(diff.max_rel)}")
-        parts.append(f"{diff.mismatched}/{diff.total} elements")
-        if diff.max_ulp is not None:
-            parts.append(f"{diff.max_ulp} ULP")
-        if diff.first_index is not None:
-            parts.append(f"first at {list(diff.first_index)}")
-    elif diff.source == "stats" and diff.stat_deltas:
-        d = diff.stat_deltas
-        parts.append("from stats: " + ", ".join(f"Δ{k} {format_number(v)}" for k, v in d.items()))
-    elif diff.source == "batch_ids":
-        parts.append(f"{diff.mismatched}/{diff.total} batch IDs")
-    if diff.detail:
-        parts.append(diff.detail)
-    return parts
-
-
-_LOC = {
-    "origin": "origin: its inputs agree on both sides, its output does not",
-    "between_modules": "the change happened between modules (its inputs already differ: look in the parent's forward)",
-    "propagation": "propagation of an earlier difference",
-    "unknown": "module inputs were not recorded: origin unknown",
-    "first": "first broken link",
-}
-
-
-def render_divergence(d: Divergence, *, with_localization: bool = False) -> str:
-    """``step 0 · activation · encoder.norm (LayerNorm) · max abs 3.1e-07 · 412/1536 elements``."""
-    name = f"{d.name} ({d.module})" if d.module else d.name
-    parts = [f"step {d.step}", d.kind, name]
-    if d.verdict == "missing":
-        parts.append(f"missing: only in {d.only_in.upper() if d.only_in else '?'}")
-        if d.diff.detail and d.kind == "step":
-            parts.append(d.diff.detail)
-    elif d.verdict in ("shape", "dtype"):
-        parts.append(f"{d.verdict} mismatch: {d.diff.detail}")
-    else:
-        parts.extend(_measure(d.diff))
-    line = " · ".join(parts)
-    if with_localization and d.localization in _LOC:
-        line += f"\n    ↳ {_LOC[d.localization]}"
-    return line
-
-
-def render_comparison(c: Comparison) -> str:
-    """The whole comparison as text; environment differences come first."""
-    lines = [f"A: {c.a} ({c.status_a}, {len(c.steps_a)} steps)", f"B: {c.b} ({c.status_b}, {len(c.steps_b)} steps)"]
-    lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
-    lines.extend(render_env(c.env))
-    lines.append(f"tolerance: {c.tolerance.describe()} — {c.tolerance_reason}")
-    read = f"; read {c.tensors_read} full tensor(s), {c.bytes_read} bytes" if c.tensors_read else "; no full tensor read"
-    lines.append(f"compared {c.steps_compared} step(s), {c.records_compared} record(s){read}")
-    if c.structure:
-        lines.append(f"structure: {c.structure}")
-    if c.note:
-        lines.append(f"note: {c.note}")
-    if c.first is None:
-        lines.append("verdict: AGREE" if c else "verdict: DIVERGED (structure)")
-        closes = sum(s.close for s in c.per_step)
-        if closes:
-            lines.append(f"  ({closes} record(s) differ in bits but are within tolerance)")
-        return "\n".join(lines)
-    lines.append("first divergence:")
-    lines.append("  " + render_divergence(c.first, with_localization=True))
-    explanation = getattr(c, "explanation", "")
-    if explanation:
-        lines.append(f"    ↳ likely explanation: {explanation}")
-    origin = c.origin
-    if origin is not None and origin is not c.first:
-        lines.append("first origin (inputs agree, output differs):")
-        lines.append("  " + render_divergence(origin))
-    if c.next:
-        lines.append(f"next {len(c.next)}:")
-        for d in c.next:
-            lines.append("  " + render_divergence(d))
-    differing = [s for s in c.per_step if s.differ]
-    if differing:
-        tally = ", ".join(
-            f"{s.step}: {s.differ}/{s.records}" + (f" (max abs {format_number(s.max_abs)})" if s.max_abs is not None else "")
-            for s in differing[:10]
-        )
-        more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
-        lines.append(f"per step (differing/records): {tally}{more}")
-    lines.append(f"verdict: DIVERGED at step {c.first.step} ({c.first.kind} {c.first.name})")
-    lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
-    return "\n".join(lines)
+__all__ = [
+    "comparison_json",
+    "envs_json",
+    "format_changes",
+    "format_number",
+    "probe_report_json",
+    "probe_result_json",
+    "render_comparison",
+    "render_divergence",
+    "render_env",
+    "render_envs",
+    "render_probe_report",
+    "render_repro",
+    "render_seed_map",
+    "repro_json",
+    "seed_map_json",
+]

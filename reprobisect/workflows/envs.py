@@ -26,9 +26,15 @@ from typing import Any
 from reprobisect.errors import UsageError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult
+from reprobisect.core.compare import Comparison
+from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.core.options import ProbeOptions
+from reprobisect.core.probe import compare_traces, retry_once
+from reprobisect.support.progress import progress
+from reprobisect.trace.reader import read_trace
+from reprobisect.workflows.repro import _failed, spec_for
 
-__all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs", "render_envs"]
+__all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -104,37 +110,18 @@ class EnvsResult:
     a: EnvSpec
     b: EnvSpec
     runs: tuple[ProbeResult, ProbeResult]
-    env_changes: tuple[Any, ...]
-    """``reprobisect.core.envdiff.EnvChange`` per differing key, numerics changes first."""
-    comparison: Any
-    """The ``reprobisect.core.compare.Comparison`` of side a with side b."""
+    env_changes: tuple[EnvChange, ...]
+    """One per differing key, numerics changes first."""
+    comparison: Comparison
+    """Side a compared with side b."""
 
     def __bool__(self) -> bool:
         return bool(self.comparison)
-
-    def to_json(self) -> dict[str, Any]:
-        from reprobisect.workflows.repro import result_json
-
-        c = self.comparison
-        return {
-            "agree": bool(self),
-            "a": self.a.to_json(),
-            "b": self.b.to_json(),
-            "environment": [e.to_json() for e in self.env_changes],
-            "comparison": c.to_json() if hasattr(c, "to_json") else str(c),
-            "runs": [result_json(r) for r in self.runs],
-        }
 
 
 def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
              cwd: str | os.PathLike | None = None) -> EnvsResult:
     """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance)."""
-    from reprobisect.core.envdiff import diff_environments
-    from reprobisect.core.probe import compare_traces, retry_once
-    from reprobisect.support.progress import progress
-    from reprobisect.workflows.repro import _failed, spec_for
-    from reprobisect.trace.reader import read_trace
-
     sa, sb = parse_env_spec(a, "a"), parse_env_spec(b, "b")
     argv_a, argv_b = apply_template(argv, sa, "a"), apply_template(argv, sb, "b")
     tag = uuid.uuid4().hex[:8]
@@ -156,17 +143,3 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
         comp = compare_traces(results[0], results[1], options.tolerance_spec("default"))
     return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)
-
-
-def render_envs(r: EnvsResult) -> str:
-    """Text for ``bisect envs``: the environment diff first, then the first divergence."""
-    from reprobisect.core.envdiff import format_changes
-    from reprobisect.workflows.repro import render_comparison
-
-    lines = [f"side a: {r.a.text}", f"side b: {r.b.text}"]
-    text = render_comparison(r.comparison)
-    if "environment" not in text:  # compare's renderer shows the environment diff itself
-        env = format_changes(r.env_changes)
-        lines.append(env if env else "environments: no recorded difference")
-    lines.append(text)
-    return "\n".join(lines)

@@ -6,8 +6,8 @@ giving git bisect's exit codes. ``run_repro`` runs the same command N times in t
 user's folder (in parallel when the executor has several jobs) and compares every run to
 the first: identical, or the first nondeterministic tensor.
 
-Both return frozen result values (truthy when they pass, ``to_json()``); the commands
-only render them.
+Both return frozen result values (truthy when they pass); the commands render them
+with ``reprobisect.render.repro`` (text and ``--json``).
 """
 
 from __future__ import annotations
@@ -21,40 +21,13 @@ from typing import Any
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
+from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
+from reprobisect.support.progress import progress
+from reprobisect.trace.reader import read_trace
 
-__all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "render_repro", "result_json", "spec_for", "render_comparison"]
-
-
-def result_json(r: ProbeResult) -> dict[str, Any]:
-    """A ``ProbeResult`` as JSON (spec key + argv, outcome, trace, commit, host)."""
-    return {
-        "key": r.spec.key,
-        "argv": list(r.spec.argv),
-        "env": dict(r.spec.env),
-        "python": r.spec.python,
-        "outcome": r.outcome.to_json(),
-        "trace": r.trace_dir,
-        "commit": r.commit_ran,
-        "host": r.host,
-    }
-
-
-def render_comparison(comp: Any) -> str:
-    """Text for a comparison: ``reprobisect.render`` when it is there, else ``str``."""
-    try:
-        from reprobisect import render
-    except ImportError:
-        return str(comp)
-    for name in ("render_comparison", "render_text", "render"):
-        fn = getattr(render, name, None)
-        if callable(fn):
-            try:
-                return str(fn(comp))
-            except TypeError:
-                continue
-    return str(comp)
+__all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "spec_for"]
 
 
 def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str | os.PathLike | None = None,
@@ -72,7 +45,7 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
     )
 
 
-def place(comp: Any) -> str | None:
+def place(comp: Comparison | None) -> str | None:
     """``step S · kind · name`` of a comparison's first difference (None when identical)."""
     if comp is None or bool(comp):
         return None
@@ -108,9 +81,6 @@ class ProbeReport:
     def exit_code(self) -> int:
         return self.verdict.exit_code
 
-    def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict.to_json(), "probe": result_json(self.result), "reference": self.reference}
-
 
 def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None = None,
                    reference: str | None = None, cwd: str | os.PathLike | None = None) -> ProbeReport:
@@ -129,8 +99,6 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
     if check == "match" and reference is None:
         raise UsageError("--check match needs --reference TRACE (a trace of the good run, from bisect capture)")
     if reference is not None:
-        from reprobisect.trace.reader import read_trace
-
         read_trace(reference)  # a bad reference is the user's mistake: say so before probing
     tol = options.tolerance_spec("bitwise")
     tag = uuid.uuid4().hex[:8]
@@ -156,7 +124,7 @@ class ReproResult:
     """N runs of one command compared to the first; truthy when all are identical."""
 
     runs: tuple[ProbeResult, ...]
-    comparisons: tuple[Any, ...]
+    comparisons: tuple[Comparison, ...]
     """``comparisons[i]`` compares run 0 with run i+1 (``reprobisect.core.compare`` results)."""
     tolerance: Any
     hashseeds: tuple[str | None, ...] = ()
@@ -194,31 +162,17 @@ class ReproResult:
         return ""
 
     @property
-    def first_difference(self) -> tuple[int, Any] | None:
+    def first_difference(self) -> tuple[int, Comparison] | None:
         """(run index, comparison) of the first run that differs from run 0, or None."""
         for i, c in enumerate(self.comparisons):
             if not c:
                 return i + 1, c
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "deterministic": self.deterministic,
-            "tolerance": self.tolerance,
-            "runs": [result_json(r) for r in self.runs],
-            "hashseeds": list(self.hashseeds),
-            "environment_set": self.environment_set,
-            "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in self.comparisons],
-            "places": list(self.places),
-            "flakiness": self.flakiness or None,
-        }
-
 
 def _env_settings(trace_dir: str | None) -> dict[str, Any]:
     if not trace_dir:
         return {}
-    from reprobisect.trace.reader import read_trace
-
     env = read_trace(trace_dir, allow_incomplete=True).manifest.environment
     out: dict[str, Any] = {}
     for k in ("env_vars", "determinism"):
@@ -256,8 +210,6 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
                  env={"PYTHONHASHSEED": seeds[i]} if seeds[i] is not None else None)
         for i in range(runs)
     ]
-    from reprobisect.support.progress import progress
-
     with options.make_executor() as ex, progress("repro", total=runs, quiet=options.quiet) as p:
         futures = submit_all(ex, specs)
         results = []
@@ -275,44 +227,3 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
         comps = tuple(compare_traces(results[0], r, tol) for r in results[1:])
         env_set = _env_settings(results[0].trace_dir)
     return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds), environment_set=env_set)
-
-
-def render_repro(result: ReproResult) -> str:
-    """Text for ``bisect repro``: the verdict, what the environment set, the first difference."""
-    n = len(result.runs)
-    lines: list[str] = []
-    seeds = [s for s in result.hashseeds if s is not None]
-    if seeds:
-        lines.append(f"PYTHONHASHSEED per run: {', '.join(seeds)}")
-    env_vars = result.environment_set.get("env_vars") or {}
-    if env_vars:
-        lines.append("environment set: " + ", ".join(f"{k}={v}" for k, v in sorted(env_vars.items())))
-    if "PYTHONHASHSEED" not in env_vars:
-        lines.append("PYTHONHASHSEED: unset (string hashing, and so set order, is randomised per run)")
-    threads = result.environment_set.get("threads") or {}
-    if threads:
-        lines.append("threads: " + ", ".join(f"{k}={v}" for k, v in sorted(threads.items())))
-    det = result.environment_set.get("determinism") or {}
-    if det:
-        lines.append("determinism: " + ", ".join(f"{k}={v}" for k, v in sorted(det.items()) if not isinstance(v, dict)))
-    first = result.first_difference
-    if first is None:
-        steps = result.runs[0].spec.steps
-        lines.append(f"deterministic: {n} runs identical over {steps} step(s) ({_tol_text(result)})")
-    else:
-        i, comp = first
-        lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result)})")
-        lines.append(render_comparison(comp))
-        if result.flakiness:
-            lines.append(f"note: {result.flakiness}")
-        # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
-        if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
-            lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
-    return "\n".join(lines)
-
-
-def _tol_text(result: ReproResult) -> str:
-    t = result.tolerance
-    if isinstance(t, dict):
-        return f"atol {t.get('atol', 0):g}, rtol {t.get('rtol', 0):g}"
-    return str(t)

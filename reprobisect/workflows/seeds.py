@@ -39,11 +39,19 @@ import re
 import statistics
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
+
+import numpy as np
 
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import ProbeResult
+from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
+from reprobisect.core.probe import compare_traces, retry_once
+from reprobisect.support.progress import progress
+from reprobisect.trace.format import Record, Step
+from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = [
     "COMPONENTS",
@@ -54,13 +62,40 @@ __all__ = [
     "parse_seeds",
     "seed_map",
     "run_seeds",
-    "render_seed_map",
 ]
 
 COMPONENTS = ("init", "data_order", "augmentation", "dropout", "loss")
 STATUSES = ("changed", "unchanged", "unknown", "absent")
 _STOCHASTIC = re.compile(r"(dropout|droppath|drop_path|stochasticdepth)", re.I)
 _SEED = "{seed}"
+
+
+class Finding(NamedTuple):
+    """What one analysis says about one component for one pair of seeds."""
+
+    status: str
+    """One of ``STATUSES``."""
+    evidence: str
+    """What was compared, or why it could not be told."""
+
+
+class DataOrder(NamedTuple):
+    """The data-order finding, and whether the batch IDs agreed at every step."""
+
+    status: str
+    evidence: str
+    ids_equal: bool
+
+
+class SharedSamples(NamedTuple):
+    """Both first batches' IDs, and (row in A, row in B) for each sample both hold."""
+
+    ids_a: list[object]
+    ids_b: list[object]
+    rows: list[tuple[int, int]]
+
+
+StepPair = tuple[Step, Step]
 
 
 @dataclass(frozen=True)
@@ -116,7 +151,7 @@ class SeedMap:
     components: tuple[ComponentSensitivity, ...]
     runs: tuple[ProbeResult, ...] = ()
     noise_floor: tuple[NoiseFloorStep, ...] | None = None
-    first_divergence: Any = None
+    first_divergence: Comparison | None = None
     """The comparison of the first two seeds' traces (where they first stop agreeing)."""
 
     def __bool__(self) -> bool:
@@ -132,24 +167,11 @@ class SeedMap:
                 return c
         raise KeyError(name)
 
-    def to_json(self) -> dict[str, Any]:
-        from reprobisect.workflows.repro import result_json
-
-        fd = self.first_divergence
-        return {
-            "seeds": list(self.seeds),
-            "components": {c.component: c.to_json() for c in self.components},
-            "flags": list(self.flags),
-            "noise_floor": [s.to_json() for s in self.noise_floor] if self.noise_floor is not None else None,
-            "first_divergence": fd.to_json() if hasattr(fd, "to_json") else None,
-            "runs": [result_json(r) for r in self.runs],
-        }
-
 
 # --------------------------------------------------------------------------- input
 
 
-def parse_seeds(text: str | Iterable[Any]) -> tuple[str, ...]:
+def parse_seeds(text: str | Iterable[object]) -> tuple[str, ...]:
     """'0,1,2' → ('0', '1', '2'); at least two distinct seeds."""
     items = text.split(",") if isinstance(text, str) else [str(x) for x in text]
     seeds = tuple(s.strip() for s in items if s.strip())
@@ -173,36 +195,36 @@ def substitute_seed(argv: list[str], seed: str) -> list[str]:
 # --------------------------------------------------------------------------- analysis
 
 
-def _records(step: Any, kinds: tuple[str, ...]) -> list[Any]:
+def _records(step: Step, kinds: tuple[str, ...]) -> list[Record]:
     return [r for r in step.records if r.kind in kinds]
 
 
-def _common_steps(a: Any, b: Any) -> list[tuple[Any, Any]]:
+def _common_steps(a: Trace, b: Trace) -> list[StepPair]:
     bs = {s.step: s for s in b.steps}
     return [(s, bs[s.step]) for s in a.steps if s.step in bs]
 
 
-def _is_stochastic(rec: Any) -> bool:
+def _is_stochastic(rec: Record) -> bool:
     return bool(_STOCHASTIC.search(rec.module or "") or _STOCHASTIC.search(rec.name.rsplit(".", 1)[-1]))
 
 
-def _sequential(ids: Any) -> bool:
+def _sequential(ids: object) -> bool:
     flat = _flatten(ids)
     if len(flat) < 2 or not all(isinstance(x, int) for x in flat):
         return False
     return flat == list(range(flat[0], flat[0] + len(flat)))
 
 
-def _flatten(x: Any) -> list[Any]:
+def _flatten(x: object) -> list[object]:
     if isinstance(x, (list, tuple)):
-        out: list[Any] = []
+        out: list[object] = []
         for y in x:
             out.extend(_flatten(y))
         return out
     return [x]
 
 
-def _data_order(pairs: list[tuple[Any, Any]]) -> tuple[str, str, bool]:
+def _data_order(pairs: list[StepPair]) -> DataOrder:
     """(status, evidence, ids equal at every step) from batch IDs."""
     seen = False
     for sa, sb in pairs:
@@ -210,19 +232,19 @@ def _data_order(pairs: list[tuple[Any, Any]]) -> tuple[str, str, bool]:
             continue
         seen = True
         if sa.batch_ids != sb.batch_ids:
-            return "changed", f"batch IDs differ at step {sa.step}", False
+            return DataOrder("changed", f"batch IDs differ at step {sa.step}", False)
     if not seen:
-        return "unknown", "no batch IDs recorded (the data does not come through a torch DataLoader?)", False
-    return "unchanged", f"batch IDs identical over {len(pairs)} step(s)", True
+        return DataOrder("unknown", "no batch IDs recorded (the data does not come through a torch DataLoader?)", False)
+    return DataOrder("unchanged", f"batch IDs identical over {len(pairs)} step(s)", True)
 
 
-def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool, a: Any = None, b: Any = None) -> tuple[str, str]:
+def _augmentation(pairs: list[StepPair], ids_equal: bool, a: Trace | None = None, b: Trace | None = None) -> Finding:
     if not ids_equal:
         rows = _augmentation_by_samples(a, b, pairs[0]) if pairs else None
         if rows is not None:
             return rows
-        return "unknown", ("batch IDs differ (or are not recorded), so content cannot be told from order; "
-                           "add --full-steps 0 to compare the samples both first batches share")
+        return Finding("unknown", ("batch IDs differ (or are not recorded), so content cannot be told from order; "
+                                   "add --full-steps 0 to compare the samples both first batches share"))
     found = False
     for sa, sb in pairs:
         bmap = sb.by_key()
@@ -232,13 +254,13 @@ def _augmentation(pairs: list[tuple[Any, Any]], ids_equal: bool, a: Any = None, 
                 continue
             found = True
             if o.fingerprint != r.fingerprint:
-                return "changed", f"same samples, different {r.kind} '{r.name}' at step {sa.step}"
+                return Finding("changed", f"same samples, different {r.kind} '{r.name}' at step {sa.step}")
     if not found:
-        return "unknown", "no batch/input content recorded"
-    return "unchanged", "same samples give identical batch content"
+        return Finding("unknown", "no batch/input content recorded")
+    return Finding("unchanged", "same samples give identical batch content")
 
 
-def _shared_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[list[Any], list[Any], list[tuple[int, int]]] | None:
+def _shared_samples(a: Trace | None, b: Trace | None, sa: Step, sb: Step) -> SharedSamples | None:
     """A's and B's batch IDs, and (row in A, row in B) for each sample both batches hold.
 
     None when the traces cannot give tensors or a side recorded no batch IDs.
@@ -246,16 +268,14 @@ def _shared_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[list[Any], list[A
     if not hasattr(a, "tensor") or not hasattr(b, "tensor") or sa.batch_ids is None or sb.batch_ids is None:
         return None
     ids_a, ids_b = _flatten(sa.batch_ids), _flatten(sb.batch_ids)
-    return ids_a, ids_b, [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b]
+    return SharedSamples(ids_a, ids_b, [(i, ids_b.index(x)) for i, x in enumerate(ids_a) if x in ids_b])
 
 
-def _augmentation_by_samples(a: Any, b: Any, pair: tuple[Any, Any]) -> tuple[str, str] | None:
+def _augmentation_by_samples(a: Trace | None, b: Trace | None, pair: StepPair) -> Finding | None:
     """With step-0 tensors stored: batch content rows of the samples both first batches hold."""
-    import numpy as np
-
     sa, sb = pair
     found = _shared_samples(a, b, sa, sb)
-    if found is None or not found[2]:
+    if found is None or not found.rows:
         return None
     ids_a, ids_b, shared = found
     bmap = sb.by_key()
@@ -273,15 +293,15 @@ def _augmentation_by_samples(a: Any, b: Any, pair: tuple[Any, Any]) -> tuple[str
         compared += 1
         for i, j in shared:
             if not np.array_equal(xa[i], xb[j], equal_nan=True):
-                return "changed", f"step {sa.step}: sample {ids_a[i]} has different '{r.name}' content under the two seeds"
+                return Finding("changed", f"step {sa.step}: sample {ids_a[i]} has different '{r.name}' content under the two seeds")
     if not compared:
         return None
-    return "unchanged", f"step {sa.step}: the {len(shared)} sample(s) both batches share have identical content"
+    return Finding("unchanged", f"step {sa.step}: the {len(shared)} sample(s) both batches share have identical content")
 
 
-def _init(pairs: list[tuple[Any, Any]], a: Any = None, b: Any = None) -> tuple[str, str]:
+def _init(pairs: list[StepPair], a: Trace | None = None, b: Trace | None = None) -> Finding:
     if not pairs:
-        return "unknown", "no common step"
+        return Finding("unknown", "no common step")
     sa, sb = pairs[0]
     bmap = sb.by_key()
     # 1. parameters the recorder took before the first update
@@ -290,8 +310,8 @@ def _init(pairs: list[tuple[Any, Any]], a: Any = None, b: Any = None) -> tuple[s
         for r in pre:
             o = bmap.get(r.key)
             if o is not None and o.fingerprint != r.fingerprint:
-                return "changed", f"initial parameter '{r.name}' differs"
-        return "unchanged", f"{len(pre)} initial parameter(s) identical"
+                return Finding("changed", f"initial parameter '{r.name}' differs")
+        return Finding("unchanged", f"{len(pre)} initial parameter(s) identical")
     # 2. step 0: a deterministic module with agreeing inputs and a differing output
     isolated = 0
     for r in _records(sa, ("activation",)):
@@ -302,28 +322,26 @@ def _init(pairs: list[tuple[Any, Any]], a: Any = None, b: Any = None) -> tuple[s
             continue
         isolated += 1
         if o.fingerprint != r.fingerprint:
-            return "changed", f"step {sa.step}: '{r.name}' ({r.module or 'module'}) has identical inputs and a different output"
+            return Finding("changed", f"step {sa.step}: '{r.name}' ({r.module or 'module'}) has identical inputs and a different output")
     if isolated:
-        return "unchanged", f"step {sa.step}: {isolated} module(s) with identical inputs give identical outputs"
+        return Finding("unchanged", f"step {sa.step}: {isolated} module(s) with identical inputs give identical outputs")
     by_rows = _init_by_samples(a, b, sa, sb)
     if by_rows is not None:
         return by_rows
-    return "unknown", (f"step {sa.step}: no module sees identical inputs under both seeds (the data differs from "
-                       "the first layer on), so init cannot be isolated from data; add --full-steps 0 to "
-                       "compare the first layer on the samples both seeds' first batches share")
+    return Finding("unknown", (f"step {sa.step}: no module sees identical inputs under both seeds (the data differs from "
+                               "the first layer on), so init cannot be isolated from data; add --full-steps 0 to "
+                               "compare the first layer on the samples both seeds' first batches share"))
 
 
-def _init_by_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[str, str] | None:
+def _init_by_samples(a: Trace | None, b: Trace | None, sa: Step, sb: Step) -> Finding | None:
     """With step-0 tensors stored: the first layer's output rows for samples in both batches.
 
     The first deterministic module that consumes the model's input directly is compared
     row by row on the samples (batch IDs) both first batches hold; identical input rows
     and different output rows can only come from its weights.
     """
-    import numpy as np
-
     found = _shared_samples(a, b, sa, sb)
-    if found is None or not found[2]:
+    if found is None or not found.rows:
         return None
     ids_a, ids_b, shared = found
     inputs_a = {r.fingerprint: r for r in _records(sa, ("input",))}
@@ -349,12 +367,12 @@ def _init_by_samples(a: Any, b: Any, sa: Any, sb: Any) -> tuple[str, str] | None
         diff = [(i, j) for i, j in rows if not np.array_equal(ya[i], yb[j], equal_nan=True)]
         where = f"step {sa.step}: '{r.name}' ({r.module or 'module'}) on {len(rows)} sample(s) both batches share"
         if diff:
-            return "changed", f"{where}: same input rows, different output rows"
-        return "unchanged", f"{where}: same input rows, same output rows"
+            return Finding("changed", f"{where}: same input rows, different output rows")
+        return Finding("unchanged", f"{where}: same input rows, same output rows")
     return None
 
 
-def _dropout(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+def _dropout(pairs: list[StepPair]) -> Finding:
     present = False
     comparable = 0
     for sa, sb in pairs:
@@ -368,22 +386,22 @@ def _dropout(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
                 continue
             comparable += 1
             if o.fingerprint != r.fingerprint:
-                return "changed", f"step {sa.step}: '{r.name}' ({r.module or 'dropout'}) masks identical inputs differently"
+                return Finding("changed", f"step {sa.step}: '{r.name}' ({r.module or 'dropout'}) masks identical inputs differently")
     if not present:
-        return "absent", "no Dropout-like module recorded"
+        return Finding("absent", "no Dropout-like module recorded")
     if comparable:
-        return "unchanged", f"{comparable} dropout output(s) with identical inputs are identical"
-    return "unknown", "dropout inputs already differ under the two seeds"
+        return Finding("unchanged", f"{comparable} dropout output(s) with identical inputs are identical")
+    return Finding("unknown", "dropout inputs already differ under the two seeds")
 
 
-def _loss_values(step: Any) -> list[tuple[str, str]]:
+def _loss_values(step: Step) -> list[tuple[str, str]]:
     vals = [(f"loss record '{r.name}'", r.fingerprint) for r in _records(step, ("loss",))]
     if "loss" in (step.scalars or {}):
         vals.append(("loss scalar", repr(step.scalars["loss"])))
     return vals
 
 
-def _loss(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
+def _loss(pairs: list[StepPair]) -> Finding:
     seen = False
     for sa, sb in pairs:
         la, lb = dict(_loss_values(sa)), dict(_loss_values(sb))
@@ -391,35 +409,36 @@ def _loss(pairs: list[tuple[Any, Any]]) -> tuple[str, str]:
             if k in lb:
                 seen = True
                 if la[k] != lb[k]:
-                    return "changed", f"{k} differs at step {sa.step}"
+                    return Finding("changed", f"{k} differs at step {sa.step}")
     if not seen:
-        return "unknown", "no loss recorded"
-    return "unchanged", f"loss identical over {len(pairs)} step(s)"
+        return Finding("unknown", "no loss recorded")
+    return Finding("unchanged", f"loss identical over {len(pairs)} step(s)")
 
 
 _ORDER = {"changed": 3, "unchanged": 2, "unknown": 1, "absent": 0}
 
 
-def _merge(results: list[tuple[str, str]]) -> tuple[str, str]:
+def _merge(results: list[Finding]) -> Finding:
     """Over several seed pairs: changed wins, then unchanged (only if no pair was unknown)."""
-    changed = [r for r in results if r[0] == "changed"]
+    changed = [r for r in results if r.status == "changed"]
     if changed:
         return changed[0]
-    if any(r[0] == "unknown" for r in results):
-        return next(r for r in results if r[0] == "unknown")
+    if any(r.status == "unknown" for r in results):
+        return next(r for r in results if r.status == "unknown")
     return results[0]
 
 
-def seed_map(traces: list[Any], seeds: tuple[str, ...]) -> tuple[ComponentSensitivity, ...]:
+def seed_map(traces: list[Trace], seeds: tuple[str, ...]) -> tuple[ComponentSensitivity, ...]:
     """The component map from one trace per seed (``Trace`` objects, same order as ``seeds``)."""
     if len(traces) < 2:
         raise UsageError("a seed map needs traces of at least two seeds")
-    per: dict[str, list[tuple[str, str]]] = {c: [] for c in COMPONENTS}
+    per: dict[str, list[Finding]] = {c: [] for c in COMPONENTS}
     sequential = False
     for other in traces[1:]:
         pairs = _common_steps(traces[0], other)
-        d_status, d_ev, ids_equal = _data_order(pairs)
-        per["data_order"].append((d_status, d_ev))
+        order = _data_order(pairs)
+        ids_equal = order.ids_equal
+        per["data_order"].append(Finding(order.status, order.evidence))
         per["augmentation"].append(_augmentation(pairs, ids_equal, traces[0], other))
         per["init"].append(_init(pairs, traces[0], other))
         per["dropout"].append(_dropout(pairs))
@@ -436,11 +455,11 @@ def seed_map(traces: list[Any], seeds: tuple[str, ...]) -> tuple[ComponentSensit
         if c == "dropout" and status == "unchanged":
             return "dropout ignores the seed: identical masks under every seed (seeded with a constant, or p=0 / eval mode?)"
         if c == "loss" and status == "changed":
-            upstream = [merged[u][0] for u in ("init", "data_order", "augmentation", "dropout")]
+            upstream = [merged[u].status for u in ("init", "data_order", "augmentation", "dropout")]
             if all(s in ("unchanged", "absent") for s in upstream):
                 return "the loss changes with the seed although nothing recorded upstream does: a seed-dependent loss term or an unhooked random op"
         if c == "loss" and status == "unchanged":
-            upstream = [merged[u][0] for u in ("init", "data_order", "augmentation", "dropout")]
+            upstream = [merged[u].status for u in ("init", "data_order", "augmentation", "dropout")]
             if "changed" in upstream:
                 return "the loss is identical under every seed although its inputs change: is the loss computed from the model's output?"
         return None
@@ -454,7 +473,7 @@ def seed_map(traces: list[Any], seeds: tuple[str, ...]) -> tuple[ComponentSensit
     return tuple(out)
 
 
-def _scalar(step: Any, names: tuple[str, ...], kinds: tuple[str, ...] = ()) -> float:
+def _scalar(step: Step, names: tuple[str, ...], kinds: tuple[str, ...] = ()) -> float:
     sc = step.scalars or {}
     for n in names:
         if n in sc:
@@ -476,7 +495,7 @@ def _scalar(step: Any, names: tuple[str, ...], kinds: tuple[str, ...] = ()) -> f
     return math.nan
 
 
-def noise_floor(traces: list[Any]) -> tuple[NoiseFloorStep, ...]:
+def noise_floor(traces: list[Trace]) -> tuple[NoiseFloorStep, ...]:
     """Per step: loss and gradient norm of every seed (spread via ``NoiseFloorStep``)."""
     steps = sorted(set.intersection(*[{s.step for s in t.steps} for t in traces]))
     out = []
@@ -504,10 +523,6 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
     """
     if not options.full_steps:
         options = replace(options, full_steps=(0,))
-    from reprobisect.core.probe import compare_traces, retry_once
-    from reprobisect.support.progress import progress
-    from reprobisect.workflows.repro import _failed, spec_for
-    from reprobisect.trace.reader import read_trace
 
     seeds = parse_seeds(seeds) if isinstance(seeds, str) else parse_seeds(list(seeds))
     if noise and len(seeds) < 3:
@@ -532,28 +547,3 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         nf = noise_floor(traces) if noise else None
         first = compare_traces(results[0], results[1], "bitwise")
     return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first)
-
-
-def render_seed_map(m: SeedMap) -> str:
-    """Text for ``bisect seeds``: one line per component, the flags, the noise floor."""
-    lines = [f"seed sensitivity over seeds {', '.join(m.seeds)}:"]
-    w = max(len(c.component) for c in m.components)
-    for c in m.components:
-        lines.append(f"  {c.component:<{w}}  {c.status:<9}  {c.evidence}")
-    fd = m.first_divergence
-    if fd is not None and getattr(fd, "first", None) is not None:
-        d = fd.first
-        lines.append(f"first difference between seeds {m.seeds[0]} and {m.seeds[1]}: step {d.step}, {d.kind} '{d.name}'")
-    if m.flags:
-        lines.append("flags:")
-        lines += [f"  ! {f}" for f in m.flags]
-    else:
-        lines.append("no flags: every component behaves as expected with the seed")
-    if m.noise_floor:
-        lines.append("noise floor (std across seeds):")
-        for s in m.noise_floor:
-            ls, gs = s.loss_spread, s.grad_norm_spread
-            lt = f"loss {ls['mean']:.6g} ± {ls['std']:.3g}" if ls else "loss n/a"
-            gt = f"grad norm {gs['mean']:.6g} ± {gs['std']:.3g}" if gs else "grad norm n/a"
-            lines.append(f"  step {s.step}: {lt}; {gt}")
-    return "\n".join(lines)

@@ -46,6 +46,7 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
     and asks, or, without a terminal, refuses unless --trust-trace is given.
     """
     from reprobisect.core.compare import Tolerance, compare_paths
+    from reprobisect.render import comparison_json, render_comparison
 
     if (atol is not None or rtol is not None) and mode is not None:
         raise UsageError("give either --tolerance or --atol/--rtol, not both")
@@ -59,12 +60,9 @@ def command(a: str, b: str, mode: str | None, atol: float | None, rtol: float | 
     if zoom and not result and result.first is not None:
         zoomed = _zoom(a, b, result, trust_trace)  # zooms into the origin module, else the first divergence
     if as_json:
-        data = result.to_json()
-        if zoomed is not None:
-            data["zoom"] = zoomed.to_json() if hasattr(zoomed, "to_json") else str(zoomed)
-        click.echo(json.dumps(data, indent=1))
+        click.echo(json.dumps(comparison_json(result, zoomed), indent=1))
     else:
-        click.echo(str(result))
+        click.echo(render_comparison(result))
         if zoomed is not None:
             click.echo(f"zoom: {zoomed}")
     raise click.exceptions.Exit(0 if result else 1)

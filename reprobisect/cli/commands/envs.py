@@ -27,8 +27,9 @@ __all__ = ["command"]
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, spec_a: str, spec_b: str, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Compare one command under two environments."""
-    from reprobisect.workflows.envs import render_envs, run_envs
+    from reprobisect.render import envs_json, render_envs
+    from reprobisect.workflows.envs import run_envs
 
     result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b)
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_envs(result))
+    click.echo(json.dumps(envs_json(result), indent=2) if as_json else render_envs(result))
     return 0 if result else 1

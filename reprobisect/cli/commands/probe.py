@@ -35,17 +35,9 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
     Bad input exits 128 and an internal error 129: git bisect run stops instead of
     blaming the commit.
     """
+    from reprobisect.render import probe_report_json, render_probe_report
     from reprobisect.workflows.repro import probe_checkout
 
     report = probe_checkout(split_command(cmd), options, check=check, reference=reference)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        r = report.result
-        where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
-        click.echo(f"{report.verdict.verdict}{where}: {report.verdict.reason}")
-        if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
-            from reprobisect.workflows.repro import render_comparison
-
-            click.echo(render_comparison(report.verdict.comparison))
+    click.echo(json.dumps(probe_report_json(report), indent=2) if as_json else render_probe_report(report))
     return report.exit_code

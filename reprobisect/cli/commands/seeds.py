@@ -27,8 +27,9 @@ def command(options: ProbeOptions, seeds: str, noise_floor: bool, as_json: bool,
     Full tensors of step 0 are kept (unless --full-steps is given) so that init and
     augmentation can be separated from data order.
     """
-    from reprobisect.workflows.seeds import render_seed_map, run_seeds
+    from reprobisect.render import render_seed_map, seed_map_json
+    from reprobisect.workflows.seeds import run_seeds
 
     result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor)
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else render_seed_map(result))
+    click.echo(json.dumps(seed_map_json(result), indent=2) if as_json else render_seed_map(result))
     return 0 if result else 1

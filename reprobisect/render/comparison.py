@@ -1,0 +1,166 @@
+"""How a comparison of two traces reads: as text (``bisect compare``) and as ``--json``.
+
+The order is the order a reader needs: the environment differences first (they often
+explain everything), then the tolerance and what was compared, then the first broken
+link (origin or propagation), then the next few divergences and a per-step tally.
+Plain text with ``·`` separators: it reads the same piped into a file as on a terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["comparison_json", "format_number", "render_comparison", "render_divergence", "render_env"]
+
+_ENV_SHOWN = 20
+_VALUE_WIDTH = 60
+
+
+def format_number(x: float | None) -> str:
+    """A float in at most a few significant digits (``3.1e-07``, ``0.25``, ``inf``)."""
+    if x is None:
+        return "-"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    if 1e-2 <= abs(x) < 1e5:
+        return f"{x:.3g}"
+    return f"{x:.1e}"
+
+
+def _short(v: Any, path: str = "") -> str:
+    s = repr(v)
+    if _whole(path):
+        return s
+    return s if len(s) <= _VALUE_WIDTH else s[: _VALUE_WIDTH - 1] + "…"
+
+
+def _whole(path: str) -> bool:
+    """Values shown whole however long: a command line, whose differing flag may sit anywhere."""
+    last = path.rsplit(".", 1)[-1]
+    return last in ("argv", "command", "orig_argv")
+
+
+def render_env(env: tuple[Any, ...] | list[Any]) -> list[str]:
+    """Lines for ``EnvChange`` values: numerics changes first, then launch info, at most a screenful."""
+    if not env:
+        return ["environment: no differences"]
+    numerics = [d for d in env if not d.info]
+    lines = [f"environment differences ({len(numerics)} numerics-relevant, {len(env) - len(numerics)} launch info):"]
+    # a differing command line is shown with the numerics changes, never cut off by the limit
+    env = sorted(env, key=lambda d: (d.info, not _whole(d.key)))
+    for d in list(env)[:_ENV_SHOWN]:
+        tag = "  (info)" if d.info else ""
+        if d.change == "changed":
+            lines.append(f"  {d.key}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
+        elif d.change == "added":
+            lines.append(f"  {d.key}: only in B = {_short(d.b, d.key)}{tag}")
+        else:
+            lines.append(f"  {d.key}: only in A = {_short(d.a, d.key)}{tag}")
+    if len(env) > _ENV_SHOWN:
+        lines.append(f"  … and {len(env) - _ENV_SHOWN} more (--json lists all)")
+    return lines
+
+
+def _measure(diff: Any) -> list[str]:
+    parts: list[str] = []
+    if diff.source == "tensors":
+        parts.append(f"max abs {format_number(diff.max_abs)}")
+        if diff.max_rel:
+            parts.append(f"max rel {format_number(diff.max_rel)}")
+        parts.append(f"{diff.mismatched}/{diff.total} elements")
+        if diff.max_ulp is not None:
+            parts.append(f"{diff.max_ulp} ULP")
+        if diff.first_index is not None:
+            parts.append(f"first at {list(diff.first_index)}")
+    elif diff.source == "stats" and diff.stat_deltas:
+        d = diff.stat_deltas
+        parts.append("from stats: " + ", ".join(f"Δ{k} {format_number(v)}" for k, v in d.items()))
+    elif diff.source == "batch_ids":
+        parts.append(f"{diff.mismatched}/{diff.total} batch IDs")
+    if diff.detail:
+        parts.append(diff.detail)
+    return parts
+
+
+_LOC = {
+    "origin": "origin: its inputs agree on both sides, its output does not",
+    "between_modules": "the change happened between modules (its inputs already differ: look in the parent's forward)",
+    "propagation": "propagation of an earlier difference",
+    "unknown": "module inputs were not recorded: origin unknown",
+    "first": "first broken link",
+}
+
+
+def render_divergence(d: Any, *, with_localization: bool = False) -> str:
+    """A ``Divergence`` on one line: ``step 0 · activation · encoder.norm (LayerNorm) · max abs 3.1e-07 · 412/1536 elements``."""
+    name = f"{d.name} ({d.module})" if d.module else d.name
+    parts = [f"step {d.step}", d.kind, name]
+    if d.verdict == "missing":
+        parts.append(f"missing: only in {d.only_in.upper() if d.only_in else '?'}")
+        if d.diff.detail and d.kind == "step":
+            parts.append(d.diff.detail)
+    elif d.verdict in ("shape", "dtype"):
+        parts.append(f"{d.verdict} mismatch: {d.diff.detail}")
+    else:
+        parts.extend(_measure(d.diff))
+    line = " · ".join(parts)
+    if with_localization and d.localization in _LOC:
+        line += f"\n    ↳ {_LOC[d.localization]}"
+    return line
+
+
+def render_comparison(c: Any) -> str:
+    """The whole ``Comparison`` as text; environment differences come first."""
+    lines = [f"A: {c.a} ({c.status_a}, {len(c.steps_a)} steps)", f"B: {c.b} ({c.status_b}, {len(c.steps_b)} steps)"]
+    lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
+    lines.extend(render_env(c.env))
+    lines.append(f"tolerance: {c.tolerance.describe()} — {c.tolerance_reason}")
+    read = f"; read {c.tensors_read} full tensor(s), {c.bytes_read} bytes" if c.tensors_read else "; no full tensor read"
+    lines.append(f"compared {c.steps_compared} step(s), {c.records_compared} record(s){read}")
+    if c.structure:
+        lines.append(f"structure: {c.structure}")
+    if c.note:
+        lines.append(f"note: {c.note}")
+    if c.first is None:
+        lines.append("verdict: AGREE" if c else "verdict: DIVERGED (structure)")
+        closes = sum(s.close for s in c.per_step)
+        if closes:
+            lines.append(f"  ({closes} record(s) differ in bits but are within tolerance)")
+        return "\n".join(lines)
+    lines.append("first divergence:")
+    lines.append("  " + render_divergence(c.first, with_localization=True))
+    explanation = getattr(c, "explanation", "")
+    if explanation:
+        lines.append(f"    ↳ likely explanation: {explanation}")
+    origin = c.origin
+    if origin is not None and origin is not c.first:
+        lines.append("first origin (inputs agree, output differs):")
+        lines.append("  " + render_divergence(origin))
+    if c.next:
+        lines.append(f"next {len(c.next)}:")
+        for d in c.next:
+            lines.append("  " + render_divergence(d))
+    differing = [s for s in c.per_step if s.differ]
+    if differing:
+        tally = ", ".join(
+            f"{s.step}: {s.differ}/{s.records}" + (f" (max abs {format_number(s.max_abs)})" if s.max_abs is not None else "")
+            for s in differing[:10]
+        )
+        more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
+        lines.append(f"per step (differing/records): {tally}{more}")
+    lines.append(f"verdict: DIVERGED at step {c.first.step} ({c.first.kind} {c.first.name})")
+    lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
+    return "\n".join(lines)
+
+
+def comparison_json(c: Any, zoom: Any = None) -> dict[str, Any]:
+    """What ``bisect compare --json`` prints: the ``Comparison``'s data, with the zoom when one ran."""
+    data = c.to_json()
+    if zoom is not None:
+        data["zoom"] = zoom.to_json() if hasattr(zoom, "to_json") else str(zoom)
+    return data

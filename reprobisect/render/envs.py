@@ -1,0 +1,53 @@
+"""How ``bisect envs`` reads: the environment diff first, then the first divergence.
+
+Reads an ``EnvsResult`` (``reprobisect.workflows.envs``) and ``EnvChange`` values
+(``reprobisect.core.envdiff``) by their attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from reprobisect.render.comparison import render_comparison
+from reprobisect.render.repro import probe_result_json
+
+__all__ = ["envs_json", "format_changes", "render_envs"]
+
+
+def format_changes(changes: Iterable[Any], *, include_info: bool = True) -> str:
+    """``EnvChange`` values as a text block: numerics changes, then info changes; '' when none."""
+    changes = list(changes)
+    lines = []
+    num = [c for c in changes if c.numerics]
+    info = [c for c in changes if not c.numerics]
+    if num:
+        lines.append("environment differences that can change numerics:")
+        lines += [f"  {c}" for c in num]
+    if info and include_info:
+        lines.append("other environment differences:")
+        lines += [f"  {c}" for c in info]
+    return "\n".join(lines)
+
+
+def render_envs(r: Any) -> str:
+    """Text for ``bisect envs``: the environment diff first, then the first divergence."""
+    lines = [f"side a: {r.a.text}", f"side b: {r.b.text}"]
+    text = render_comparison(r.comparison)
+    if "environment" not in text:  # the comparison shows the environment diff itself
+        env = format_changes(r.env_changes)
+        lines.append(env if env else "environments: no recorded difference")
+    lines.append(text)
+    return "\n".join(lines)
+
+
+def envs_json(r: Any) -> dict[str, Any]:
+    """What ``bisect envs --json`` prints."""
+    c = r.comparison
+    return {
+        "agree": bool(r),
+        "a": r.a.to_json(),
+        "b": r.b.to_json(),
+        "environment": [e.to_json() for e in r.env_changes],
+        "comparison": c.to_json() if hasattr(c, "to_json") else str(c),
+        "runs": [probe_result_json(x) for x in r.runs],
+    }

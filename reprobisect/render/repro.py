@@ -1,0 +1,112 @@
+"""How ``bisect repro`` and ``bisect probe`` read: their results as text and as ``--json``.
+
+Reads ``ReproResult``, ``ProbeReport`` and ``ProbeResult`` values
+(``reprobisect.workflows.repro``, ``reprobisect.executors.base``) by their attributes; the
+comparison inside is rendered by ``reprobisect.render.comparison``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reprobisect.render.comparison import render_comparison
+
+__all__ = ["probe_report_json", "probe_result_json", "render_probe_report", "render_repro", "repro_json"]
+
+
+def probe_result_json(r: Any) -> dict[str, Any]:
+    """A ``ProbeResult`` as JSON (spec key + argv, outcome, trace, commit, host)."""
+    return {
+        "key": r.spec.key,
+        "argv": list(r.spec.argv),
+        "env": dict(r.spec.env),
+        "python": r.spec.python,
+        "outcome": r.outcome.to_json(),
+        "trace": r.trace_dir,
+        "commit": r.commit_ran,
+        "host": r.host,
+    }
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def render_probe_report(report: Any) -> str:
+    """Text for ``bisect probe``: the verdict where it ran, and the comparison when it is bad."""
+    r = report.result
+    where = f" at {r.commit_ran[:12]}" if r.commit_ran else ""
+    lines = [f"{report.verdict.verdict}{where}: {report.verdict.reason}"]
+    if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
+        lines.append(render_comparison(report.verdict.comparison))
+    return "\n".join(lines)
+
+
+def probe_report_json(report: Any) -> dict[str, Any]:
+    """What ``bisect probe --json`` prints: the verdict, the probe and the reference."""
+    return {"verdict": report.verdict.to_json(), "probe": probe_result_json(report.result), "reference": report.reference}
+
+
+# --------------------------------------------------------------------------- repro
+
+
+def render_repro(result: Any) -> str:
+    """Text for ``bisect repro``: the verdict, what the environment set, the first difference."""
+    n = len(result.runs)
+    lines = _environment_lines(result)
+    first = result.first_difference
+    if first is None:
+        steps = result.runs[0].spec.steps
+        lines.append(f"deterministic: {n} runs identical over {steps} step(s) ({_tol_text(result.tolerance)})")
+    else:
+        i, comp = first
+        lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result.tolerance)})")
+        lines.append(render_comparison(comp))
+        if result.flakiness:
+            lines.append(f"note: {result.flakiness}")
+        # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
+        if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
+            lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
+    return "\n".join(lines)
+
+
+def _environment_lines(result: Any) -> list[str]:
+    """What the runs' environment set: hash seeds, variables, threads, determinism flags."""
+    lines: list[str] = []
+    seeds = [s for s in result.hashseeds if s is not None]
+    if seeds:
+        lines.append(f"PYTHONHASHSEED per run: {', '.join(seeds)}")
+    env_vars = result.environment_set.get("env_vars") or {}
+    if env_vars:
+        lines.append("environment set: " + ", ".join(f"{k}={v}" for k, v in sorted(env_vars.items())))
+    if "PYTHONHASHSEED" not in env_vars:
+        lines.append("PYTHONHASHSEED: unset (string hashing, and so set order, is randomised per run)")
+    threads = result.environment_set.get("threads") or {}
+    if threads:
+        lines.append("threads: " + ", ".join(f"{k}={v}" for k, v in sorted(threads.items())))
+    det = result.environment_set.get("determinism") or {}
+    if det:
+        lines.append("determinism: " + ", ".join(f"{k}={v}" for k, v in sorted(det.items()) if not isinstance(v, dict)))
+    return lines
+
+
+def _tol_text(t: Any) -> str:
+    if hasattr(t, "describe"):  # a ``Tolerance``
+        return t.describe()
+    if isinstance(t, dict):
+        return f"atol {t.get('atol', 0):g}, rtol {t.get('rtol', 0):g}"
+    return str(t)
+
+
+def repro_json(result: Any) -> dict[str, Any]:
+    """What ``bisect repro --json`` prints."""
+    return {
+        "deterministic": result.deterministic,
+        "tolerance": result.tolerance.to_json() if hasattr(result.tolerance, "to_json") else result.tolerance,
+        "runs": [probe_result_json(r) for r in result.runs],
+        "hashseeds": list(result.hashseeds),
+        "environment_set": result.environment_set,
+        "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in result.comparisons],
+        "places": list(result.places),
+        "flakiness": result.flakiness or None,
+    }
