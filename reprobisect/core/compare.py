@@ -25,11 +25,12 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from reprobisect.core.hints import divergence_hints, lr_note
 from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace.format import Record, Step, tensor_key
@@ -295,6 +296,22 @@ def _ulp_distance(a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> int | None
 _CHUNK = 1 << 20  # elements per chunk: metrics in bounded memory, chunks with equal bits skipped
 
 
+@dataclass
+class _Metrics:
+    """Running figures of one tensor pair, chunk by chunk (``_measure``)."""
+
+    is_float: bool
+    ulp: int | None  # None: not an IEEE float of 2, 4 or 8 bytes (no ULP distance)
+    count: int = 0  # mismatching elements
+    nonfinite: int = 0  # of those, involving NaN/Inf
+    first: int | None = None  # flat index of the first mismatch
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    nan: list[int] = field(default_factory=lambda: [0, 0])
+    inf: list[int] = field(default_factory=lambda: [0, 0])
+    any_bits: bool = False  # some bits differ
+
+
 def _measure(x: np.ndarray, y: np.ndarray, rule: tuple[float, float] | None, dtype: str) -> TensorDiff:
     """Metrics from two full tensors of the same dtype and shape, chunk by chunk."""
     total = int(x.size)
@@ -304,61 +321,65 @@ def _measure(x: np.ndarray, y: np.ndarray, rule: tuple[float, float] | None, dty
     fx, fy = x.reshape(-1), y.reshape(-1)
     bx, by = _bits(fx), _bits(fy)
     lanes = bx.size // fx.size  # 2 for complex (real, imaginary)
-    count = nonfinite = 0
-    first: int | None = None
-    max_abs = max_rel = 0.0
-    ulp: int | None = 0 if is_float and x.dtype.kind != "c" and x.dtype.itemsize in (2, 4, 8) else None
-    nan = [0, 0]
-    inf = [0, 0]
-    any_bits = False
+    m = _Metrics(is_float, 0 if is_float and x.dtype.kind != "c" and x.dtype.itemsize in (2, 4, 8) else None)
     with np.errstate(all="ignore"):
         for lo in range(0, total, _CHUNK):
             hi = min(total, lo + _CHUNK)
-            xa, ya = fx[lo:hi], fy[lo:hi]
             bit_diff = bx[lo * lanes : hi * lanes] != by[lo * lanes : hi * lanes]
             if lanes > 1:
                 bit_diff = bit_diff.reshape(-1, lanes).any(-1)
-            if is_float:
-                wide = np.complex128 if x.dtype.kind == "c" else np.float64
-                fa, fb = xa.astype(wide), ya.astype(wide)
-                nan_a, nan_b = np.isnan(fa), np.isnan(fb)
-                nan[0] += int(nan_a.sum())
-                nan[1] += int(nan_b.sum())
-                inf[0] += int(np.isinf(fa).sum())
-                inf[1] += int(np.isinf(fb).sum())
-            if not bit_diff.any():
-                continue
-            any_bits = True
-            if not is_float:
-                fa, fb = xa.astype(np.float64), ya.astype(np.float64)
-                nan_a = nan_b = np.zeros(fa.shape, bool)
-            both_finite = np.isfinite(fa) & np.isfinite(fb)
-            absdiff = np.where(both_finite, np.abs(fa - fb), 0.0)
-            absb = np.abs(fb)
-            if rule is None:
-                mismatch = bit_diff
-            else:
-                atol, rtol = rule
-                same = (fa == fb) | (nan_a & nan_b)  # -0.0 == 0.0, inf == inf, NaN by position
-                mismatch = ~same & ~(both_finite & (absdiff <= atol + rtol * np.where(both_finite, absb, 0.0)))
-            c = int(np.count_nonzero(mismatch))
-            if c and first is None:
-                first = lo + int(np.argmax(mismatch))
-            count += c
-            nonfinite += int(np.count_nonzero(mismatch & ~both_finite))
-            max_abs = max(max_abs, float(absdiff.max()))
-            rel = np.where(absdiff > 0, absdiff / np.where(absb > 0, absb, 1.0), 0.0)
-            rel = np.where((absdiff > 0) & (absb == 0), np.inf, rel)
-            max_rel = max(max_rel, float(rel.max()))
-            if ulp is not None:
-                ulp = max(ulp, _ulp_distance(xa, ya, ~(nan_a | nan_b)) or 0)
-    first_index = tuple(int(i) for i in np.unravel_index(first, x.shape)) if first is not None else None
+            _measure_chunk(m, fx[lo:hi], fy[lo:hi], bit_diff, lo, rule)
+    return _measured(m, x.shape, total, rule)
+
+
+def _measure_chunk(m: _Metrics, xa: np.ndarray, ya: np.ndarray, bit_diff: np.ndarray, lo: int,
+                   rule: tuple[float, float] | None) -> None:
+    """Fold one chunk (flat elements from ``lo``) into ``m``; a chunk with equal bits adds only NaN/Inf counts."""
+    if m.is_float:
+        wide = np.complex128 if xa.dtype.kind == "c" else np.float64
+        fa, fb = xa.astype(wide), ya.astype(wide)
+        nan_a, nan_b = np.isnan(fa), np.isnan(fb)
+        m.nan[0] += int(nan_a.sum())
+        m.nan[1] += int(nan_b.sum())
+        m.inf[0] += int(np.isinf(fa).sum())
+        m.inf[1] += int(np.isinf(fb).sum())
+    if not bit_diff.any():
+        return
+    m.any_bits = True
+    if not m.is_float:
+        fa, fb = xa.astype(np.float64), ya.astype(np.float64)
+        nan_a = nan_b = np.zeros(fa.shape, bool)
+    both_finite = np.isfinite(fa) & np.isfinite(fb)
+    absdiff = np.where(both_finite, np.abs(fa - fb), 0.0)
+    absb = np.abs(fb)
+    if rule is None:
+        mismatch = bit_diff
+    else:
+        atol, rtol = rule
+        same = (fa == fb) | (nan_a & nan_b)  # -0.0 == 0.0, inf == inf, NaN by position
+        mismatch = ~same & ~(both_finite & (absdiff <= atol + rtol * np.where(both_finite, absb, 0.0)))
+    c = int(np.count_nonzero(mismatch))
+    if c and m.first is None:
+        m.first = lo + int(np.argmax(mismatch))
+    m.count += c
+    m.nonfinite += int(np.count_nonzero(mismatch & ~both_finite))
+    m.max_abs = max(m.max_abs, float(absdiff.max()))
+    rel = np.where(absdiff > 0, absdiff / np.where(absb > 0, absb, 1.0), 0.0)
+    rel = np.where((absdiff > 0) & (absb == 0), np.inf, rel)
+    m.max_rel = max(m.max_rel, float(rel.max()))
+    if m.ulp is not None:
+        m.ulp = max(m.ulp, _ulp_distance(xa, ya, ~(nan_a | nan_b)) or 0)
+
+
+def _measured(m: _Metrics, shape: tuple[int, ...], total: int, rule: tuple[float, float] | None) -> TensorDiff:
+    """The verdict and figures of a measured pair."""
+    first_index = tuple(int(i) for i in np.unravel_index(m.first, shape)) if m.first is not None else None
     notes = []
-    if nonfinite:
-        notes.append(f"{nonfinite} mismatch(es) involve NaN/Inf (max abs/rel cover finite pairs only)")
-    if count:
+    if m.nonfinite:
+        notes.append(f"{m.nonfinite} mismatch(es) involve NaN/Inf (max abs/rel cover finite pairs only)")
+    if m.count:
         verdict = "diverged"
-    elif not any_bits:
+    elif not m.any_bits:
         verdict = "diverged"
         notes.append("fingerprints differ but the stored tensors are bit-identical (inconsistent trace)")
     else:
@@ -367,14 +388,14 @@ def _measure(x: np.ndarray, y: np.ndarray, rule: tuple[float, float] | None, dty
         verdict,
         "tensors",
         detail="; ".join(notes),
-        max_abs=max_abs,
-        max_rel=max_rel,
-        mismatched=count,
+        max_abs=m.max_abs,
+        max_rel=m.max_rel,
+        mismatched=m.count,
         total=total,
         first_index=first_index,
-        max_ulp=ulp,
-        nan=(nan[0], nan[1]) if is_float else (0, 0),
-        inf=(inf[0], inf[1]) if is_float else (0, 0),
+        max_ulp=m.ulp,
+        nan=(m.nan[0], m.nan[1]) if m.is_float else (0, 0),
+        inf=(m.inf[0], m.inf[1]) if m.is_float else (0, 0),
         atol=None if rule is None else rule[0],
         rtol=None if rule is None else rule[1],
         bitwise=rule is None,
@@ -660,14 +681,66 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
     ``tolerance`` None (or mode ``auto``) picks bitwise or default with ``choose_tolerance``.
     """
     reads0 = (a.tensors_read + b.tensors_read, a.bytes_read + b.bytes_read)
-    if tolerance is None or tolerance.mode == "auto":
-        chosen, reason = choose_tolerance(a, b)
-        tolerance = Tolerance(mode=chosen.mode, overrides=tolerance.overrides if tolerance else ())
-    else:
-        reason = "as requested"
+    tolerance, reason = _resolve_tolerance(a, b, tolerance)
     env = tuple(diff_environments(a.manifest.environment, b.manifest.environment))
     steps_a = tuple(s.step for s in a.steps)
     steps_b = tuple(s.step for s in b.steps)
+    shape = _step_structure(a, b, steps_a, steps_b)
+    walk = _Walk(a, b, tolerance)
+    by_a = {s.step: s for s in a.steps}
+    by_b = {s.step: s for s in b.steps}
+    for k in shape.common:
+        walk.step(k, by_a[k], by_b[k])
+    note = _compile_note(shape.note, walk.not_recorded, walk.unobserved)
+    first = walk.divergences[0] if walk.divergences else None
+    if first is None and shape.structure:
+        first = _missing_step(shape)
+    comp = Comparison(
+        a=str(a.path),
+        b=str(b.path),
+        tolerance=tolerance,
+        tolerance_reason=reason,
+        env=env,
+        steps_a=steps_a,
+        steps_b=steps_b,
+        steps_compared=len(shape.common),
+        records_compared=walk.n_records,
+        first=first,
+        next=tuple(walk.divergences[1:]),
+        divergences=walk.counted,
+        per_step=tuple(walk.summaries),
+        structure=shape.structure,
+        note=note,
+        tensors_read=a.tensors_read + b.tensors_read - reads0[0],
+        bytes_read=a.bytes_read + b.bytes_read - reads0[1],
+        status_a=a.manifest.status,
+        status_b=b.manifest.status,
+    )
+    if first is not None and not shape.structure:
+        comp = _with_hints(a, b, comp)
+    return comp
+
+
+def _resolve_tolerance(a: Trace, b: Trace, tolerance: Tolerance | None) -> tuple[Tolerance, str]:
+    """The tolerance to compare under, and why: ``auto`` (or None) resolved by ``choose_tolerance``."""
+    if tolerance is None or tolerance.mode == "auto":
+        chosen, reason = choose_tolerance(a, b)
+        return Tolerance(mode=chosen.mode, overrides=tolerance.overrides if tolerance else ()), reason
+    return tolerance, "as requested"
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Which steps both traces hold, which one side only, and what that means."""
+
+    common: list[int]
+    only_a: list[int]
+    only_b: list[int]
+    structure: str  # the step sets differ: a structural divergence
+    note: str  # an incomplete side holds a prefix of the other's steps: said, not a divergence
+
+
+def _step_structure(a: Trace, b: Trace, steps_a: tuple[int, ...], steps_b: tuple[int, ...]) -> _Steps:
     common = sorted(set(steps_a) & set(steps_b))
     only_a = sorted(set(steps_a) - set(steps_b))
     only_b = sorted(set(steps_b) - set(steps_a))
@@ -686,75 +759,108 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
             note = "; ".join(parts) + f" (trace {short} is {short_trace.manifest.status}: compared steps both hold)"
         else:
             structure = "; ".join(parts)
+    return _Steps(common, only_a, only_b, structure, note)
 
-    divergences: list[Divergence] = []  # the first 1 + _MAX_NEXT only
-    counted = 0
-    unobserved = {"a": _unobserved(a), "b": _unobserved(b)}  # activations a compiled side could not record
-    not_recorded = {"a": 0, "b": 0}  # one-sided activations skipped for that reason, per side lacking them
 
-    def keep(d: Divergence) -> None:
-        nonlocal counted
-        counted += 1
-        if len(divergences) <= _MAX_NEXT:
-            divergences.append(d)
+def _missing_step(shape: _Steps) -> Divergence:
+    """The first divergence of traces whose records agree but whose step sets do not."""
+    k = (shape.only_a + shape.only_b)[0]
+    side = "a" if shape.only_a and k == shape.only_a[0] else "b"
+    return Divergence(k, "step", f"step {k}", "missing",
+                      TensorDiff("missing", "structure", detail=shape.structure), origin=True,
+                      localization="first", only_in=side)
 
-    summaries: list[StepSummary] = []
-    n_records = 0
-    by_a = {s.step: s for s in a.steps}
-    by_b = {s.step: s for s in b.steps}
-    for k in common:
-        sa, sb = by_a[k], by_b[k]
-        ident = close = differ = 0
-        step_max: float | None = None
-        diverged_modules: list[str] = []  # containers of these, later in the step, only pass it on
-        n_step = 0  # records of this step on either side (a one-sided record counts once), + batch ids
+
+@dataclass
+class _Tally:
+    """One step's running counts while it is walked."""
+
+    records: int = 0  # records of this step on either side (a one-sided record counts once), + batch ids
+    identical: int = 0
+    close: int = 0
+    differ: int = 0
+    max_abs: float | None = None
+    diverged_modules: list[str] = field(default_factory=list)  # containers of these, later in the step, only pass it on
+
+
+class _Walk:
+    """The walk through the common steps, in chain order: the first divergence and the next
+    ``_MAX_NEXT`` kept, every divergence counted, one ``StepSummary`` per step."""
+
+    def __init__(self, a: Trace, b: Trace, tolerance: Tolerance) -> None:
+        self.a, self.b, self.tolerance = a, b, tolerance
+        self.divergences: list[Divergence] = []  # the first 1 + _MAX_NEXT only
+        self.counted = 0
+        self.n_records = 0
+        self.summaries: list[StepSummary] = []
+        self.unobserved = {"a": _unobserved(a), "b": _unobserved(b)}  # activations a compiled side could not record
+        self.not_recorded = {"a": 0, "b": 0}  # one-sided activations skipped for that reason, per side lacking them
+
+    def keep(self, d: Divergence) -> None:
+        self.counted += 1
+        if len(self.divergences) <= _MAX_NEXT:
+            self.divergences.append(d)
+
+    def _first_place(self) -> dict[str, Any]:
+        """A divergence found now is the origin (first broken link) when none came before it."""
+        return {"origin": not self.divergences, "localization": "first" if not self.divergences else "propagation"}
+
+    def step(self, k: int, sa: Step, sb: Step) -> None:
+        t = _Tally()
         if sa.batch_ids is not None and sb.batch_ids is not None:
-            n_step += 1
+            t.records += 1
         bd = _batch_diff(sa, sb)
         if bd is None and sa.batch_ids is not None and sb.batch_ids is not None:
-            ident += 1
+            t.identical += 1
         if bd is not None:
-            differ += 1
-            keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, origin=not divergences,
-                            localization="first" if not divergences else "propagation"))
+            t.differ += 1
+            self.keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, **self._first_place()))
         for ra, rb in _pair_records(sa, sb):
-            n_records += 1
-            n_step += 1
+            self.n_records += 1
+            t.records += 1
             if ra is None or rb is None:
-                r = ra or rb
-                assert r is not None
-                side = "a" if ra is not None else "b"
-                other = "b" if side == "a" else "a"
-                if _not_recorded(r, unobserved[other]):
-                    not_recorded[other] += 1  # not a structural difference: that side ran it compiled
-                    n_records -= 1
-                    continue
-                diff = TensorDiff("missing", "structure", detail=f"only in {side.upper()}")
-                differ += 1
-                keep(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, origin=not divergences,
-                                localization="first" if not divergences else "propagation",
-                                only_in=side, order=r.order))
-                continue
-            # Value tolerances need the tensors to tell close from diverged; bitwise only
-            # reads them to size the first few divergences.
-            measure = counted <= _MAX_NEXT or tolerance.rule(ra.kind, ra.name, ra.dtype) is not None
-            diff = compare_records(a if measure else None, b if measure else None, k, ra, rb, tolerance)
-            if diff.verdict == "identical":
-                ident += 1
-                continue
-            if diff.max_abs is not None and diff.source == "tensors":
-                step_max = diff.max_abs if step_max is None else max(step_max, diff.max_abs)
-            if diff.verdict == "close":
-                close += 1
-                continue
-            differ += 1
-            loc = _localize(ra, rb, bool(divergences), diverged_modules)
-            if ra.kind == "activation":
-                diverged_modules.append(ra.name)
-            keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
-                            origin=loc in ("origin", "first"), localization=loc, order=ra.order))
-        summaries.append(StepSummary(k, n_step, ident, close, differ, step_max))
+                self._one_sided(k, ra, rb, t)
+            else:
+                self._pair(k, ra, rb, t)
+        self.summaries.append(StepSummary(k, t.records, t.identical, t.close, t.differ, t.max_abs))
 
+    def _one_sided(self, k: int, ra: Record | None, rb: Record | None, t: _Tally) -> None:
+        r = ra or rb
+        assert r is not None
+        side = "a" if ra is not None else "b"
+        other = "b" if side == "a" else "a"
+        if _not_recorded(r, self.unobserved[other]):
+            self.not_recorded[other] += 1  # not a structural difference: that side ran it compiled
+            self.n_records -= 1
+            return
+        diff = TensorDiff("missing", "structure", detail=f"only in {side.upper()}")
+        t.differ += 1
+        self.keep(Divergence(k, r.kind, r.name, "missing", diff, module=r.module, **self._first_place(),
+                             only_in=side, order=r.order))
+
+    def _pair(self, k: int, ra: Record, rb: Record, t: _Tally) -> None:
+        # Value tolerances need the tensors to tell close from diverged; bitwise only
+        # reads them to size the first few divergences.
+        measure = self.counted <= _MAX_NEXT or self.tolerance.rule(ra.kind, ra.name, ra.dtype) is not None
+        diff = compare_records(self.a if measure else None, self.b if measure else None, k, ra, rb, self.tolerance)
+        if diff.verdict == "identical":
+            t.identical += 1
+            return
+        if diff.max_abs is not None and diff.source == "tensors":
+            t.max_abs = diff.max_abs if t.max_abs is None else max(t.max_abs, diff.max_abs)
+        if diff.verdict == "close":
+            t.close += 1
+            return
+        t.differ += 1
+        loc = _localize(ra, rb, bool(self.divergences), t.diverged_modules)
+        if ra.kind == "activation":
+            t.diverged_modules.append(ra.name)
+        self.keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
+                             origin=loc in ("origin", "first"), localization=loc, order=ra.order))
+
+
+def _compile_note(note: str, not_recorded: dict[str, int], unobserved: dict[str, tuple[str, ...]]) -> str:
+    """``note`` plus, per side, the activations not compared because that side ran them compiled."""
     for side, n in not_recorded.items():
         if n:
             have = "A" if side == "b" else "B"
@@ -763,47 +869,17 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
             if any(u in unobserved[side] for u in ("<input>", "<output>")):
                 said += " (nor the inputs and outputs of a model compiled with model.compile())"
             note = f"{note}; {said}" if note else said
-    first = divergences[0] if divergences else None
-    if first is None and structure:
-        k = (only_a + only_b)[0]
-        side = "a" if only_a and k == only_a[0] else "b"
-        first = Divergence(k, "step", f"step {k}", "missing",
-                           TensorDiff("missing", "structure", detail=structure), origin=True,
-                           localization="first", only_in=side)
-    nxt = tuple(divergences[1:])
-    comp = Comparison(
-        a=str(a.path),
-        b=str(b.path),
-        tolerance=tolerance,
-        tolerance_reason=reason,
-        env=env,
-        steps_a=steps_a,
-        steps_b=steps_b,
-        steps_compared=len(common),
-        records_compared=n_records,
-        first=first,
-        next=nxt,
-        divergences=counted,
-        per_step=tuple(summaries),
-        structure=structure,
-        note=note,
-        tensors_read=a.tensors_read + b.tensors_read - reads0[0],
-        bytes_read=a.bytes_read + b.bytes_read - reads0[1],
-        status_a=a.manifest.status,
-        status_b=b.manifest.status,
-    )
-    if first is not None and not structure:
-        from dataclasses import replace as _replace
+    return note
 
-        from reprobisect.core import hints as _hints
 
-        try:  # a hint is a courtesy: never lose the comparison over one
-            explanation = _hints.lr_note(a, b, comp) or ""
-            found = tuple(_hints.divergence_hints(a, b, comp))
-        except Exception:
-            explanation, found = "", ()
-        comp = _replace(comp, explanation=explanation, hints=found)
-    return comp
+def _with_hints(a: Trace, b: Trace, comp: Comparison) -> Comparison:
+    """``comp`` with the likely explanation and hints the evidence supports (``reprobisect.core.hints``)."""
+    try:  # a hint is a courtesy: never lose the comparison over one
+        explanation = lr_note(a, b, comp) or ""
+        found = tuple(divergence_hints(a, b, comp))
+    except Exception:
+        explanation, found = "", ()
+    return replace(comp, explanation=explanation, hints=found)
 
 
 def _localize(ra: Record, rb: Record, earlier: bool, diverged_modules: list[str]) -> str:
