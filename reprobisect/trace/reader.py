@@ -241,6 +241,28 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
     checked against its SHA-256 now (``Trace.verify``), not only when a tensor is read.
     """
     path = Path(path)
+    manifest = _read_manifest(path)
+    sealed = manifest.status != "incomplete"
+    steps_path = _inside(path, "steps.jsonl")
+    if not steps_path.is_file():
+        raise TraceError(f"trace '{path}' has no steps.jsonl (truncated copy?); re-capture it")
+    if sealed:
+        _check_files(path, manifest)
+    steps = _read_steps(path, steps_path, sealed)
+    if sealed and len(steps) != manifest.steps:
+        raise TraceError(
+            f"trace '{path}' holds {len(steps)} steps but its manifest says {manifest.steps}; re-capture it"
+        )
+    if manifest.status != "complete" and not allow_incomplete:
+        raise TraceError(_incomplete_message(path, manifest, len(steps)))
+    trace = Trace(path=path, manifest=manifest, steps=steps)
+    if verify:
+        trace.verify()
+    return trace
+
+
+def _read_manifest(path: Path) -> Manifest:
+    """The folder is a trace of a format version this code reads: its validated manifest."""
     if not path.exists():
         raise TraceError(f"no trace at '{path}' (no such file or folder); check the path")
     if not path.is_dir():
@@ -261,27 +283,27 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
         )
     if version < 1:
         raise TraceError(f"trace '{path}' has unknown format version {version}; re-capture it")
-    manifest = Manifest.from_json(raw, f"trace '{path}'")
+    return Manifest.from_json(raw, f"trace '{path}'")
 
-    sealed = manifest.status != "incomplete"
-    steps_path = _inside(path, "steps.jsonl")
-    if not steps_path.is_file():
-        raise TraceError(f"trace '{path}' has no steps.jsonl (truncated copy?); re-capture it")
-    if sealed:
-        for rel, info in manifest.files.items():
-            p = _inside(path, rel)
-            if not p.is_file():
-                raise TraceError(f"trace '{path}' is missing {rel} (truncated copy?); re-capture it")
-            if p.stat().st_size != info["size"]:
-                raise TraceError(
-                    f"trace '{path}' is truncated or modified: {rel} is {p.stat().st_size} bytes, "
-                    f"the manifest says {info['size']}; re-capture it"
-                )
-        if "steps.jsonl" not in manifest.files:
-            raise TraceError(f"trace '{path}' manifest does not list steps.jsonl; re-capture it")
-        _check_digest(path, "steps.jsonl", manifest.files["steps.jsonl"])
 
-    steps: list[Step] = []
+def _check_files(path: Path, manifest: Manifest) -> None:
+    """A sealed trace: every listed file is there with its recorded size, steps.jsonl with its SHA-256."""
+    for rel, info in manifest.files.items():
+        p = _inside(path, rel)
+        if not p.is_file():
+            raise TraceError(f"trace '{path}' is missing {rel} (truncated copy?); re-capture it")
+        if p.stat().st_size != info["size"]:
+            raise TraceError(
+                f"trace '{path}' is truncated or modified: {rel} is {p.stat().st_size} bytes, "
+                f"the manifest says {info['size']}; re-capture it"
+            )
+    if "steps.jsonl" not in manifest.files:
+        raise TraceError(f"trace '{path}' manifest does not list steps.jsonl; re-capture it")
+    _check_digest(path, "steps.jsonl", manifest.files["steps.jsonl"])
+
+
+def _read_steps(path: Path, steps_path: Path, sealed: bool) -> list[Step]:
+    """The steps of steps.jsonl in order; an unsealed trace is read up to its last whole, parseable line."""
     try:
         with open(steps_path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -294,6 +316,7 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
     whole = lines[:-1]  # after the last newline: a torn line or nothing
     if lines[-1].strip() and sealed:
         raise TraceError(f"trace '{path}' has a torn last line in steps.jsonl; re-capture it")
+    steps: list[Step] = []
     for i, line in enumerate(whole):
         where = f"trace '{path}', steps.jsonl line {i + 1}"
         if len(line) > MAX_LINE_BYTES:
@@ -310,13 +333,4 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
         if steps and step.step <= steps[-1].step:
             raise TraceError(f"{where}: step {step.step} comes after step {steps[-1].step}")
         steps.append(step)
-    if sealed and len(steps) != manifest.steps:
-        raise TraceError(
-            f"trace '{path}' holds {len(steps)} steps but its manifest says {manifest.steps}; re-capture it"
-        )
-    if manifest.status != "complete" and not allow_incomplete:
-        raise TraceError(_incomplete_message(path, manifest, len(steps)))
-    trace = Trace(path=path, manifest=manifest, steps=steps)
-    if verify:
-        trace.verify()
-    return trace
+    return steps
