@@ -164,3 +164,25 @@ def test_probe_text_and_json(traces):
                        result=ProbeResult(spec=ProbeSpec(key="probe-2", argv=("python", "t.py")), outcome=Outcome("ok")))
     _check("probe_good.txt", render_probe_report(good) + "\n", root)
     _check("probe_good.json", _json(probe_report_json(good)), root)
+
+
+def test_render_is_a_leaf():
+    """The rendering package imports nothing of reprobisect but itself and errors (module or
+    function level), so every layer may render without an import cycle."""
+    import ast
+
+    import reprobisect.render
+
+    pkg = Path(reprobisect.render.__file__).parent
+    found = []
+    for f in sorted(pkg.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [(f.name, n) for n in names if n.startswith(("reprobisect", "."))
+                      and not n.startswith(("reprobisect.render", "reprobisect.errors", "."))]
+    assert not found, found
