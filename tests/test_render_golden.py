@@ -186,3 +186,18 @@ def test_render_is_a_leaf():
             found += [(f.name, n) for n in names if n.startswith(("reprobisect", "."))
                       and not n.startswith(("reprobisect.render", "reprobisect.errors", "."))]
     assert not found, found
+
+
+def test_compare_json_carries_the_zoom(traces):
+    """``bisect compare --zoom --json``: the zoom's own JSON under "zoom" (its text when it has none)."""
+    from reprobisect.render import comparison_json
+
+    c = compare_paths(traces["a"], traces["b"])
+
+    class Zoomed:
+        def to_json(self):
+            return {"verdict": "origin"}
+
+    assert comparison_json(c) == c.to_json()
+    assert comparison_json(c, Zoomed()) == {**c.to_json(), "zoom": {"verdict": "origin"}}
+    assert comparison_json(c, "no zoom: traces agree")["zoom"] == "no zoom: traces agree"
