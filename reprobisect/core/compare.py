@@ -17,7 +17,8 @@ whose output does not is the *origin*; one whose inputs already differed is
 recorded before it diverged, the change happened between modules (in the parent's
 forward code, outside any hooked module).
 
-Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here.
+Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here. The results
+are data; ``reprobisect.render.comparison`` says them (``str(comparison)`` calls it).
 """
 
 from __future__ import annotations
