@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import threading
 from concurrent.futures import Future
@@ -20,10 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reprobisect.core.compare import Comparison, Tolerance
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.outcome import Outcome
+from reprobisect.core.probe import compare_traces
 from reprobisect.errors import ProbeError
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
+from reprobisect.render.runs import divergence_place
 from reprobisect.trace import record_array
 from reprobisect.trace.writer import TraceWriter
 from reprobisect.workflows.runs import RunsConfig, RunsResult, find_first_bad
@@ -124,7 +128,6 @@ def history(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def _run(history, tmp_path, table: dict[int, Behaviour], **kw) -> tuple[RunsResult, FakeExecutor]:
-    root, commits = history
     ex = _fake(history, tmp_path, table)
     return find_first_bad(_cfg(history, tmp_path, **kw), executor=ex), ex
 
@@ -273,8 +276,6 @@ def test_resume_after_an_interrupted_session_picks_up_the_log(history, tmp_path)
     log = Path(_cfg_log(tmp_path))
     assert sum('"role": "search"' in ln for ln in log.read_text().splitlines()) == 2
     # the cache is gone: every verdict of the first session comes back from its log
-    import shutil
-
     shutil.rmtree(tmp_path / "cache" / "cache")
     r, ex2 = _run(history, tmp_path, table, jobs=1, resume=True)
     assert r and r.first_bad is not None and r.first_bad.hash == commits[6]
@@ -290,3 +291,27 @@ def _cfg_log(tmp_path: Path) -> str:
     logs = list((tmp_path / "cache" / "sessions").glob("*.jsonl"))
     assert len(logs) == 1, logs
     return str(logs[0])
+
+
+def test_the_session_log_holds_every_judged_probe_by_role(history, tmp_path):
+    _, commits = history
+    r, _ = _run(history, tmp_path, _bad_from(5), jobs=1)
+    lines = [json.loads(ln) for ln in Path(r.session_log).read_text().splitlines()]
+    events = [(e["role"], e["point"], e["verdict"]) for e in lines[1:]]
+    assert events[:2] == [("endpoint", commits[0], "good"), ("endpoint", commits[7], "bad")]
+    assert [e for e in events if e[0] == "recheck"] and {e[1] for e in events if e[0] == "recheck"} == {commits[4], commits[5]}
+    assert len([e for e in events if e[0] == "search"]) == r.probes
+
+
+def test_divergence_place_says_what_a_structure_only_difference_is(tmp_path):
+    for name, at in (("a", None), ("b", "bad@1")):
+        _write_trace(tmp_path / name, at or "good")
+    comp = compare_traces(tmp_path / "a", tmp_path / "b", "bitwise")
+    assert divergence_place(comp, structure_only=None) == "step 1 · param · fc.weight"
+    assert divergence_place(compare_traces(tmp_path / "a", tmp_path / "a"), structure_only="structure") is None
+    # traces that differ in structure only (no tensor diverges): no place for runs, "structure" for repro
+    only = Comparison(a="a", b="b", tolerance=Tolerance(), tolerance_reason="", env=(), steps_a=(0,), steps_b=(0, 1),
+                      steps_compared=1, records_compared=1, first=None, structure="A has 1 step(s), B has 2")
+    assert not only
+    assert divergence_place(only, structure_only=None) is None
+    assert divergence_place(only, structure_only="structure") == "structure"
