@@ -299,7 +299,7 @@ def test_the_session_log_holds_every_judged_probe_by_role(history, tmp_path):
     lines = [json.loads(ln) for ln in Path(r.session_log).read_text().splitlines()]
     events = [(e["role"], e["point"], e["verdict"]) for e in lines[1:]]
     assert events[:2] == [("endpoint", commits[0], "good"), ("endpoint", commits[7], "bad")]
-    assert [e for e in events if e[0] == "recheck"] and {e[1] for e in events if e[0] == "recheck"} == {commits[4], commits[5]}
+    assert {e[1] for e in events if e[0] == "recheck"} == {commits[4], commits[5]}
     assert len([e for e in events if e[0] == "search"]) == r.probes
 
 

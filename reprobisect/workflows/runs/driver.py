@@ -103,15 +103,15 @@ class RunsSession:
         if self.cfg.resume:  # fail early, before any executor starts; loaded again under the lock
             load_for_resume(self.log_path, self.header, self.points, self.terms, self.parents)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_g.session_lock(
-                self.info, timeout=self.cfg.lock_timeout, what=f"bisect runs --good {self.cfg.good} --bad {self.cfg.bad}",
-                option="--lock-timeout", on_wait=None if self.opts.quiet else _say))
+            what = f"bisect runs --good {self.cfg.good} --bad {self.cfg.bad}"
+            stack.enter_context(_g.session_lock(self.info, timeout=self.cfg.lock_timeout, what=what,
+                                                option="--lock-timeout", on_wait=None if self.opts.quiet else _say))
             self.pool = stack.enter_context(cf.ThreadPoolExecutor(max_workers=max(1, self.opts.jobs),
                                                                   thread_name_prefix="runs"))
             stack.callback(self.pool.shutdown, wait=True, cancel_futures=True)
             executor = self._given_executor
-            if executor is None:  # made here, closed here
-                executor = stack.enter_context(_closing(self.opts.make_executor()))
+            if executor is None:  # made here, closed here (kills running probes, removes worktrees)
+                executor = stack.enter_context(contextlib.closing(self.opts.make_executor()))
             self.prober = Prober(self.cfg, self.top, self.subdir, executor, ResultCache(self.cache_dir / "cache"),
                                  self.tolerance)
             self.prober.links = self.links
@@ -431,15 +431,6 @@ def _place_of(data: dict[str, Any] | None) -> str | None:
     if not isinstance(first, dict) or first.get("step") is None:
         return None
     return place_text(first.get("step"), first.get("kind"), first.get("name"))
-
-
-@contextlib.contextmanager
-def _closing(executor: Executor) -> Iterator[Executor]:
-    """The executor this session made, closed at its end (kills running probes, removes worktrees)."""
-    try:
-        yield executor
-    finally:
-        executor.close()
 
 
 def _say(message: str) -> None:

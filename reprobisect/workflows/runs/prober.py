@@ -52,7 +52,8 @@ class Judged:
 class Prober:
     """Runs and judges probes of one session (thread-safe: controller threads call ``judge``)."""
 
-    def __init__(self, cfg: RunsConfig, repo: Path, subdir: str, executor: Executor, cache: ResultCache, tolerance: Any) -> None:
+    def __init__(self, cfg: RunsConfig, repo: Path, subdir: str, executor: Executor, cache: ResultCache,
+                 tolerance: Any) -> None:
         self.cfg = cfg
         self.repo = repo
         self.subdir = subdir
