@@ -88,7 +88,7 @@ def test_runs_is_inconclusive_when_the_divergence_moves_between_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.torch
 def test_repeat_skips_a_commit_whose_runs_all_differ_in_different_places(tmp_path):
-    from reprobisect.workflows.runs import _Prober  # the judgement itself, on one commit
+    from reprobisect.workflows.runs import Prober  # the judgement itself, on one commit
     from reprobisect.core.session import ResultCache
     from reprobisect.executors.local import LocalExecutor
 
@@ -97,7 +97,7 @@ def test_repeat_skips_a_commit_whose_runs_all_differ_in_different_places(tmp_pat
     cfg = RunsConfig(cwd=str(root), good=commits[0], bad=commits[1], command=("python", "train.py"), repeat=2,
                      env={"FLAKY_COUNTER": str(tmp_path / "counter")}, options=ProbeOptions(jobs=2, quiet=True))
     with LocalExecutor(jobs=2) as ex:
-        pr = _Prober(cfg, root, ".", ex, ResultCache(tmp_path / "cache"), "bitwise")
+        pr = Prober(cfg, root, ".", ex, ResultCache(tmp_path / "cache"), "bitwise")
         ref = pr.judge(commits[0])
         pr.reference, pr.reference_commit = ref.trace, commits[0]
         j = pr.judge(commits[1])
