@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from reprobisect.errors import UsageError
+from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult
 from reprobisect.core.options import ProbeOptions
 
@@ -518,7 +519,7 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         replace(spec_for(a, options, key=f"seed-{tag}-{i}", workdir=cwd), extra_launch_args=("--seed", s))
         for i, (a, s) in enumerate(zip(argvs, seeds))
     ]
-    with options.make_executor() as ex, progress("seeds", total=len(specs), quiet=options.quiet) as p:
+    with executor_for(options) as ex, progress("seeds", total=len(specs), quiet=options.quiet) as p:
         futures = [ex.submit(s) for s in specs]
         results = []
         for s, f in zip(seeds, futures):
