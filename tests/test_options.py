@@ -185,3 +185,17 @@ def test_no_module_outside_the_cli_imports_click():
                        capture_output=True, text=True)
     offenders = [p for p in r.stdout.split() if "/reprobisect/cli/" not in p]
     assert offenders == []
+
+
+def test_the_other_tables_agree_with_the_one_table():
+    """Until probe.py, outcome.py and capture.py read ``reprobisect.exitcodes`` themselves
+    (issue 11, the "probe" part), their codes must be the table's."""
+    from reprobisect.core.outcome import LAUNCH_EXIT
+    from reprobisect.core.probe import Verdict
+    from reprobisect.exitcodes import LaunchExit
+    from reprobisect.workflows.capture import EXIT_CODES
+
+    assert {k: int(v) for k, v in LAUNCH_EXIT.items()} == {m.name.lower(): int(m) for m in LaunchExit}
+    assert {v: Verdict(v, "r").exit_code for v in ("good", "bad", "skip")} == {
+        "good": ExitCode.OK, "bad": ExitCode.DIFFER, "skip": ExitCode.SKIP}
+    assert set(EXIT_CODES.values()) <= {ExitCode.OK, ExitCode.DIFFER, ExitCode.SKIP}
