@@ -325,7 +325,9 @@ def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["shared"] = {n: values.get(n, getattr(defaults, n)) for n in _CAPTURE_SHARED}
         return f(*args, **kwargs)
 
-    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, _QUIET, _CONFIG])
+    quiet = click.option("-q", "--quiet", is_flag=True, default=None,
+                         help="Do not stream the command's output (it is kept in the trace's output.log).")
+    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, quiet, _CONFIG])
 
 
 def link_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -35,9 +35,8 @@ def command(out: str, shared: dict, state_steps: str, seed: str | None, stop_on_
             max_records_per_step: int | None, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace.
 
-    --steps, --timeout, --full-steps, --quiet and --config mean what they mean for the
-    probing commands (-q here: the command's output is not streamed; the trace's
-    output.log keeps it).
+    --steps, --timeout, --full-steps and --config mean what they mean for the probing
+    commands, and a --config file's keys for them apply here too.
     """
     config = CaptureConfig(
         steps=shared["steps"],
