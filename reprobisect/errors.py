@@ -6,13 +6,15 @@ is wrong and what to do about it.
 
 from __future__ import annotations
 
-__all__ = ["ReproError", "UsageError", "TraceError", "NotBuiltError", "ProbeError"]
+from reprobisect.exitcodes import ExitCode
+
+__all__ = ["ReproError", "UsageError", "TraceError", "ProbeError"]
 
 
 class ReproError(Exception):
     """Base of every error reprobisect reports to a user as one line."""
 
-    exit_code = 2
+    exit_code: int = ExitCode.USAGE
 
 
 class UsageError(ReproError):
@@ -21,10 +23,6 @@ class UsageError(ReproError):
 
 class TraceError(ReproError):
     """A trace that is missing, truncated, foreign, newer, incomplete or tampered with."""
-
-
-class NotBuiltError(ReproError):
-    """A command that is named in the design but not built yet."""
 
 
 class ProbeError(ReproError):

@@ -13,7 +13,8 @@ import pytest
 from reprobisect import __version__
 from reprobisect.cli import COMMANDS, main
 
-DESIGNED = ["capture", "compare", "runs", "probe", "repro", "seeds", "envs", "audit", "doctor", "report", "demo"]
+DESIGNED = ["capture", "compare", "runs", "probe", "repro", "seeds", "envs", "demo"]
+"""Every command --help lists; each one works (a command is listed the day it is built)."""
 BISECT = Path(sys.executable).with_name("bisect")
 
 
@@ -48,31 +49,9 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "No such command 'frobnicate'" in capsys.readouterr().err
 
 
-def _built(name: str) -> bool:
-    try:
-        importlib.import_module(COMMANDS[name][0])
-    except ModuleNotFoundError as e:
-        if e.name == COMMANDS[name][0]:
-            return False
-        raise
-    return True
-
-
-def test_an_unbuilt_command_says_so_in_one_line(monkeypatch, capsys):
-    monkeypatch.setitem(COMMANDS, "later", ("reprobisect.cli.commands._not_written_yet", "Something for later."))
-    assert main(["later", "--some", "args"]) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err == f"error: 'bisect later' is not built yet in reprobisect {__version__}\n"
-
-
-def test_each_designed_command_is_built_or_says_not_built(capsys):
-    for name in DESIGNED:
-        if _built(name):
-            continue  # a built command: its --help runs above, its own tests cover the rest
-        assert main([name]) == 2, name
-        out, err = capsys.readouterr()
-        assert out == "" and err.strip() == f"error: 'bisect {name}' is not built yet in reprobisect {__version__}"
+def test_every_listed_command_is_built(capsys):
+    for name in DESIGNED:  # no stubs: each listed command's module loads and has a command
+        assert callable(importlib.import_module(COMMANDS[name][0]).command), name
 
 
 def test_console_script_runs_and_imports_no_framework(tmp_path):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from reprobisect.cli import EXIT_INTERNAL, PROBE_EXIT_INTERNAL, PROBE_EXIT_USAGE, main
+from reprobisect.cli import main
+from reprobisect.exitcodes import ExitCode
 from reprobisect.errors import TraceError, UsageError
 from reprobisect.trace.outdir import MARKER, check_trace_target, is_trace_dir, prepare_output_dir
 from reprobisect.trace import Record, TraceWriter, read_trace
@@ -117,7 +118,7 @@ def test_a_real_trace_is_still_replaced_whole_and_an_empty_folder_is_used(tmp_pa
         (["seeds"], 2),
         (["envs", "--a", "X=1", "--b", "X=2"], 2),
         (["runs", "--good", "HEAD~1", "--bad", "HEAD"], 2),
-        (["probe", "--check", "finite"], PROBE_EXIT_USAGE),
+        (["probe", "--check", "finite"], ExitCode.PROBE_USAGE),
     ],
 )
 def test_every_dash_o_refuses_a_folder_it_did_not_write(tmp_path, capsys, args, code, monkeypatch):
@@ -224,7 +225,7 @@ def test_an_internal_error_is_exit_3_one_line_and_a_log(tmp_path, monkeypatch, c
         raise KeyError("an unexpected bug")
 
     monkeypatch.setattr(reprobisect.core.compare, "compare_paths", broken)
-    assert main(["compare", str(a), str(b)]) == EXIT_INTERNAL == 3
+    assert main(["compare", str(a), str(b)]) == ExitCode.INTERNAL == 3
     line = _one_line(capsys.readouterr().err)
     assert "internal error in reprobisect (a bug" in line and "--debug" in line
     log = Path(line.split("traceback written to ")[1].split(";")[0])
@@ -248,7 +249,7 @@ def test_probe_internal_error_aborts_git_bisect(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(reprobisect.workflows.repro, "probe_checkout", broken)
     rc = main(["probe", "--check", "finite", "--", "python", "t.py"])
-    assert rc == PROBE_EXIT_INTERNAL and rc >= 128
+    assert rc == ExitCode.PROBE_INTERNAL and rc >= 128
     assert "internal error in reprobisect" in _one_line(capsys.readouterr().err)
 
 
@@ -277,7 +278,7 @@ def test_permission_error_on_a_user_path_is_exit_2(tmp_path, monkeypatch, capsys
 )
 def test_probe_usage_errors_abort_git_bisect(tmp_path, args, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(args) == PROBE_EXIT_USAGE
+    assert main(args) == ExitCode.PROBE_USAGE
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip()
 

@@ -26,6 +26,7 @@ import pytest
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors import Executor, ProbeSpec, make_executor, submit_all
+from reprobisect.cli.options import build_options
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.search import Bisection
 from reprobisect.trace import read_trace
@@ -280,10 +281,10 @@ def test_pairs_pack_on_one_node_and_spread_on_two(cluster, tmp_path):
 
 def test_repro_and_envs_pairs_follow_the_placement_option(cluster, tmp_path):
     """--placement reaches the executor, and the sides repro/envs submit together are paired."""
-    kw = ProbeOptions(executor="ray", placement="spread").executor_kwargs()
+    kw = build_options({"executor": "ray", "ray.placement": "spread"}).executor_config.executor_kwargs()
     assert kw["placement"] == "spread"
     with pytest.raises(UsageError, match="unknown placement 'diagonal'"):
-        ProbeOptions(executor="ray", placement="diagonal")
+        build_options({"executor": "ray", "ray.placement": "diagonal"})
     work = _folder(tmp_path, "w")
     with RayExecutor(runner=RUNNER, placement_timeout=30, **{k: v for k, v in kw.items() if k == "placement"}) as ex:
         ra, rb = (f.result(timeout=120) for f in submit_all(ex, [_spec("sa", workdir=work), _spec("sb", workdir=work)]))

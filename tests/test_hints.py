@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprobisect.core.compare import compare_paths
+from reprobisect.core.compare import Tolerance, compare_paths
 from reprobisect.render import render_comparison
 from reprobisect.trace import TraceWriter, record_array
 
@@ -139,7 +139,7 @@ def test_repro_text_has_no_hashseed_hint_for_an_unseeded_script(tmp_path):
     c = compare_paths(a, b)
     runs = tuple(ProbeResult(spec=ProbeSpec(key=f"r{i}", argv=("python", "train.py")), outcome=Outcome("ok"),
                              trace_dir=str(p)) for i, p in enumerate((a, b)))
-    text = render_repro(ReproResult(runs=runs, comparisons=(c,), tolerance="bitwise", hashseeds=(None, None),
+    text = render_repro(ReproResult(runs=runs, comparisons=(c,), tolerance=Tolerance(mode="bitwise"), hashseeds=(None, None),
                                     environment_set={"env_vars": {}}))
     assert "hint: initial parameters differ: no seed was set" in text
     assert "hint: PYTHONHASHSEED" not in text

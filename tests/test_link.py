@@ -15,7 +15,8 @@ import pytest
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.vcs.git import WorktreePool, check_links, checkout, default_cache_dir
 from reprobisect.core.hints import missing_link_hint
-from reprobisect.core.options import ProbeOptions, build_options
+from reprobisect.cli.options import build_options
+from reprobisect.core.options import ProbeOptions
 
 
 def git(cwd: Path, *args: str) -> str:

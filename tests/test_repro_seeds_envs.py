@@ -17,7 +17,10 @@ from click.testing import CliRunner
 
 from reprobisect.workflows.envs import apply_template, parse_env_spec
 from reprobisect.errors import UsageError
-from reprobisect.core.options import ProbeOptions, build_options, load_config, parse_steps, probe_options, split_command
+from reprobisect.cli.options import build_options, load_config, parse_steps, probe_options, split_command
+from reprobisect.core.compare import Tolerance
+from reprobisect.core.options import ProbeOptions
+from reprobisect.executors.ray import RayConfig
 from reprobisect.workflows.seeds import noise_floor, parse_seeds, seed_map, substitute_seed
 from reprobisect.trace.format import Record, Step
 
@@ -63,23 +66,26 @@ def _bisect(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
 def test_defaults_and_validation():
     o = ProbeOptions()
     assert (o.steps, o.executor, o.jobs, o.keep, o.quiet) == (3, "local", 1, False, False)
-    assert o.tolerance_spec("bitwise") == "bitwise" and o.tolerance_spec("default") == "default"
-    assert ProbeOptions(atol=1e-5).tolerance_spec() == {"atol": 1e-5, "rtol": 0.0}
-    for bad, match in [({"steps": 0}, "--steps"), ({"jobs": 0}, "--jobs"), ({"timeout": -1}, "--timeout"),
-                       ({"executor": "k8s"}, "unknown executor"), ({"tolerance": "loose"}, "unknown tolerance")]:
+    assert o.tolerance_for("bitwise") == Tolerance(mode="bitwise") and o.tolerance_for("default") == Tolerance(mode="default")
+    explicit = build_options({"atol": 1e-5}).tolerance_for()
+    assert explicit.canonical() == {"atol": 1e-5, "rtol": 0.0} and explicit.rule("param", "w", "float32") == (1e-5, 0.0)
+    for bad, match in [({"steps": 0}, "--steps"), ({"jobs": 0}, "--jobs"), ({"timeout": -1}, "--timeout")]:
         with pytest.raises(UsageError, match=match):
             ProbeOptions(**bad)
+    for bad, match in [({"executor": "k8s"}, "unknown executor"), ({"tolerance": "loose"}, "unknown tolerance")]:
+        with pytest.raises(UsageError, match=match):
+            build_options(bad)
 
 
 def test_config_file_gives_options_and_flags_win(tmp_path):
     cfg = tmp_path / "probe.yaml"
     cfg.write_text("steps: 7\njobs: 2\nfull-steps: [0, 2]\ntimeout: 30\ntolerance: default\nkeep: true\n")
     o = build_options({"steps": None, "jobs": 4}, cfg)
-    assert (o.steps, o.jobs, o.full_steps, o.timeout, o.tolerance, o.keep) == (7, 4, (0, 2), 30.0, "default", True)
+    assert (o.steps, o.jobs, o.full_steps, o.timeout, o.tolerance, o.keep) == (7, 4, (0, 2), 30.0, Tolerance(mode="default"), True)
     assert o.config == cfg
-    (tmp_path / "p.json").write_text(json.dumps({"probe": {"ray_address": "auto", "gpus-per-probe": 1}}))
+    (tmp_path / "p.json").write_text(json.dumps({"probe": {"executor": "ray", "ray_address": "auto", "gpus-per-probe": 1}}))
     o = build_options({}, tmp_path / "p.json")
-    assert o.ray_address == "auto" and o.gpus_per_probe == 1.0
+    assert o.executor_config == RayConfig(address="auto", gpus_per_probe=1.0)
 
 
 @pytest.mark.parametrize(
@@ -357,4 +363,4 @@ def test_progress_quiet_and_notes(capsys):
 def test_example_config_file_loads():
     cfg = Path(__file__).resolve().parents[1] / "configs" / "probe.yaml"
     o = build_options({}, cfg)
-    assert (o.steps, o.timeout, o.jobs, o.tolerance, o.full_steps) == (3, 900.0, 2, "bitwise", (0,))
+    assert (o.steps, o.timeout, o.jobs, o.tolerance, o.full_steps) == (3, 900.0, 2, Tolerance(mode="bitwise"), (0,))

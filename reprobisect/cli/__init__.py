@@ -13,10 +13,13 @@ status, never a traceback that exits 1 (1 means "diverged / bad", and under
   naming the log file the traceback was written to; ``--debug`` (or
   ``REPROBISECT_DEBUG=1``) prints the traceback too;
 - ``bisect probe`` follows git bisect run's contract, where 2 would read as "bad": its
-  own usage errors exit ``128`` and its internal errors ``129``, both >= 128, which makes
+  own usage errors exit ``128`` and its internal errors ``250``, both >= 128, which makes
   git abort the bisection instead of blaming commits;
 - interrupted: ``130`` (Ctrl-C), ``143`` (SIGTERM), ``129`` (SIGHUP): 128 + the signal, as
   shells do; every one of them >= 128, so an interrupted ``probe`` also aborts git bisect.
+
+The codes are ``reprobisect.exitcodes.ExitCode``. Every command returns its code and
+``main`` returns it to the console script, which exits with it: no command exits itself.
 """
 
 from __future__ import annotations
@@ -34,18 +37,11 @@ import click
 
 from reprobisect import __version__
 from reprobisect.errors import ReproError
+from reprobisect.exitcodes import ExitCode
+from reprobisect.support import interrupt
+from reprobisect.support.cachedir import user_cache_dir
 
-__all__ = ["cli", "main", "COMMANDS", "EXIT_USAGE", "EXIT_INTERNAL", "PROBE_EXIT_USAGE", "PROBE_EXIT_INTERNAL"]
-
-EXIT_USAGE = 2
-"""Bad input or usage, for every command but ``probe``."""
-EXIT_INTERNAL = 3
-"""An internal error (a reprobisect bug), for every command but ``probe``."""
-PROBE_EXIT_USAGE = 128
-"""``bisect probe``'s bad input: >= 128 makes ``git bisect run`` abort (2 would mean "bad")."""
-PROBE_EXIT_INTERNAL = 129
-"""``bisect probe``'s internal error: aborts ``git bisect run`` too."""
-EXIT_INTERRUPTED = 130
+__all__ = ["cli", "main", "COMMANDS"]
 
 # OSErrors that are the user's environment, not a bug: a path that cannot be written or read
 _USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR}
@@ -59,9 +55,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "repro": ("reprobisect.cli.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
     "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
     "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
-    "audit": ("reprobisect.cli.commands.audit", "Run a nightly determinism audit from a YAML config."),
-    "doctor": ("reprobisect.cli.commands.doctor", "Check a run for the symptoms of the debugging guide."),
-    "report": ("reprobisect.cli.commands.report", "Render a result as text or a self-contained HTML report."),
     "demo": ("reprobisect.cli.commands.demo", "Try it in one minute: bisect a generated repository."),
 }
 
@@ -76,13 +69,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, _ = COMMANDS[name]
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            return _not_built(name)
-        return getattr(mod, "command")
+        return getattr(importlib.import_module(module), "command")
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
@@ -90,16 +77,7 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def _not_built(name: str) -> click.Command:
-    @click.command(name=name, help=COMMANDS[name][1] + "\n\nNot built yet.", context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def stub(args: tuple[str, ...]) -> None:
-        raise click.exceptions.Exit(_fail(f"'bisect {name}' is not built yet in reprobisect {__version__}"))
-
-    return stub
-
-
-def _fail(message: str, code: int = 2) -> int:
+def _fail(message: str, code: int) -> int:
     click.echo(f"error: {message}", err=True)
     return code
 
@@ -133,8 +111,6 @@ def _debug(args: list[str]) -> bool:
 
 
 def _log_dir() -> Path:
-    from reprobisect.support.cachedir import user_cache_dir
-
     return user_cache_dir() / "logs"
 
 
@@ -178,24 +154,20 @@ def _os_error(e: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console scripts ``bisect`` and ``reprobisect``: the one error boundary.
 
-    Every outcome is a documented exit status (see the module docstring and README's exit
-    codes); no exception escapes as a traceback. SIGTERM/SIGHUP clean up like Ctrl-C.
+    Every outcome is a documented exit status (``reprobisect.exitcodes.ExitCode``, README's
+    exit codes); no exception escapes as a traceback. SIGTERM/SIGHUP clean up like Ctrl-C.
     """
-    from reprobisect.support import interrupt
-
     args = list(sys.argv[1:] if argv is None else argv)
     probe = _subcommand(args) == "probe"
-    usage = PROBE_EXIT_USAGE if probe else EXIT_USAGE
-    internal = PROBE_EXIT_INTERNAL if probe else EXIT_INTERNAL
+    usage = ExitCode.PROBE_USAGE if probe else ExitCode.USAGE
+    internal = ExitCode.PROBE_INTERNAL if probe else ExitCode.INTERNAL
     try:
         with interrupt.signals_as_interrupt():
+            # standalone_mode=False: click returns the command's code (and --help's 0) instead of exiting
             rv = cli.main(args=args, prog_name="bisect", standalone_mode=False)
     except ReproError as e:
         code = e.exit_code
-        return _fail(str(e), usage if (probe or code == EXIT_USAGE) else code)
-    except click.exceptions.Exit as e:
-        code = e.exit_code
-        return usage if (probe and code == EXIT_USAGE) else code
+        return _fail(str(e), usage if (probe or code == ExitCode.USAGE) else code)
     except click.ClickException as e:
         e.show()
         return usage
@@ -204,16 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         return _fail(str(e) or "interrupted", interrupt.exit_code(e))
     except BrokenPipeError:
-        return EXIT_INTERRUPTED  # the reader of stdout went away (e.g. '| head'); nothing to say
+        return ExitCode.INTERRUPTED  # the reader of stdout went away (e.g. '| head'); nothing to say
     except OSError as e:
         if e.errno in _USER_OS_ERRORS:
             return _fail(_os_error(e), usage)
         return _internal(e, args, internal)
     except Exception as e:  # noqa: BLE001 -- the one boundary: a bug is exit 3, never 1
         return _internal(e, args, internal)
-    if probe and rv == EXIT_USAGE:
+    if probe and rv == ExitCode.USAGE:
         return usage
-    return rv if isinstance(rv, int) else 0
+    return int(rv) if isinstance(rv, int) else ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from reprobisect.core.checks import check_number
 from reprobisect.core.hints import divergence_hints, lr_note
 from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
@@ -40,6 +41,7 @@ from reprobisect.trace.reader import Trace, read_trace
 __all__ = [
     "DEFAULT_TOLERANCES",
     "VERDICTS",
+    "POLICIES",
     "Tolerance",
     "TensorDiff",
     "Divergence",
@@ -79,6 +81,10 @@ _MAX_NEXT = 5
 
 # --------------------------------------------------------------------------------------
 # tolerance
+
+
+POLICIES = ("bitwise", "default")
+"""What ``--tolerance`` (and a config file's ``tolerance:``) takes; ``--atol``/``--rtol`` give ``explicit``."""
 
 
 def _rule_spec(spec: Any, where: str) -> tuple[float, float] | str:
@@ -141,6 +147,53 @@ class Tolerance:
         if not glob.strip():
             raise UsageError(f"override '{text}' has an empty glob; e.g. 'grad/*=1e-5,1e-4'")
         return glob.strip(), _rule_spec(spec, f"'{text}'")
+
+    @classmethod
+    def from_flags(cls, tolerance: str | None = None, atol: float | None = None, rtol: float | None = None,
+                   overrides: Iterable[str] | Mapping[str, Any] = ()) -> "Tolerance | None":
+        """The one road from flags (and config keys) to a ``Tolerance``; None when none is given.
+
+        ``tolerance``: ``bitwise`` or ``default``; ``atol``/``rtol``: an explicit tolerance
+        (not together with ``tolerance``); ``overrides``: ``GLOB=ATOL,RTOL`` texts (``--override``)
+        or a mapping glob -> rule (a config file). Only overrides: mode ``auto``, which each
+        command resolves to its own default (``compare``: by the traces' environments).
+        """
+        if tolerance is not None and tolerance not in POLICIES:
+            raise UsageError(f"unknown tolerance '{tolerance}'; use bitwise or default (or --atol/--rtol)")
+        for label, v in (("--atol", atol), ("--rtol", rtol)):
+            if v is not None:
+                check_number(label, v, minimum=0)
+        explicit = atol is not None or rtol is not None
+        if explicit and tolerance is not None:
+            raise UsageError("give either --tolerance or --atol/--rtol, not both")
+        if isinstance(overrides, Mapping):
+            rules: tuple[Any, ...] = tuple((str(g), _rule_spec(v, f"'{g}'")) for g, v in overrides.items())
+        else:
+            rules = tuple(cls.parse_override(o) for o in overrides)
+        if not explicit and tolerance is None and not rules:
+            return None
+        if explicit:
+            return cls(mode="explicit", atol=atol, rtol=rtol, overrides=rules)
+        return cls(mode=tolerance or "auto", overrides=rules)
+
+    def resolved(self, default: str) -> "Tolerance":
+        """This tolerance with mode ``auto`` replaced by ``default`` (a command's own policy)."""
+        if self.mode != "auto":
+            return self
+        return Tolerance(mode=default, overrides=self.overrides)
+
+    def canonical(self) -> str | dict[str, Any]:
+        """A JSON value equal for equal settings (session cache keys, ``repro --json``).
+
+        Without overrides it is the form earlier versions keyed sessions by (``'bitwise'``,
+        ``'default'``, ``'auto'`` or ``{'atol', 'rtol'}``), so their session logs still match.
+        """
+        if self.overrides:
+            rules = [[g, r if isinstance(r, str) else list(r)] for g, r in self.overrides]  # order: first match wins
+            return {"mode": self.mode, "atol": self.atol, "rtol": self.rtol, "overrides": rules}
+        if self.mode == "explicit":
+            return {"atol": self.atol or 0.0, "rtol": self.rtol or 0.0}
+        return self.mode
 
     def rule(self, kind: str, name: str, dtype: str) -> tuple[float, float] | None:
         """``None`` for bitwise comparison, else the ``(atol, rtol)`` that applies to this tensor."""

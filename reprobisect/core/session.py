@@ -92,9 +92,16 @@ def probe_environment(python: str | None = None, env: Mapping[str, str] | None =
     return out
 
 
+def _canonical(value: Any) -> Any:
+    canonical = getattr(value, "canonical", None)
+    return canonical() if callable(canonical) else str(value)
+
+
 def cache_key(**fields: Any) -> str:
-    """A stable SHA-256 over keyword fields (JSON, sorted keys); the same fields give the same key."""
-    blob = json.dumps(fields, sort_keys=True, default=str, separators=(",", ":"))
+    """A stable SHA-256 over keyword fields (JSON, sorted keys); the same fields give the same key.
+
+    A value with a ``canonical()`` JSON form (``Tolerance``) is keyed by it."""
+    blob = json.dumps(fields, sort_keys=True, default=_canonical, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

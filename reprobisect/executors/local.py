@@ -47,12 +47,11 @@ class LocalExecutor:
         cache_dir: Path | None = None,
         keep: bool = False,
         out_dir: Path | None = None,
-        **_ignored: object,
     ) -> None:
         """``jobs``: probes at once; ``cache_dir``: worktrees go under ``cache_dir/worktrees``
         (default: ``reprobisect.vcs.git.default_cache_dir(repo)``, inside the repository's git dir); ``keep``: keep traces after ``close()``; ``out_dir``:
         where traces go (given: always kept; default: a temporary folder removed on
-        ``close()`` unless ``keep``). Options meant for other executors are ignored."""
+        ``close()`` unless ``keep``)."""
         if jobs < 1:
             raise UsageError(f"--jobs must be at least 1 (got {jobs})")
         self.max_parallel = jobs

@@ -69,19 +69,66 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from reprobisect.core.checks import check_number
+from reprobisect.core.outcome import Outcome
 from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
 from reprobisect.executors.base import ProbeResult, ProbeSpec
-from reprobisect.core.outcome import Outcome
+from reprobisect.executors.flags import ExecutorFlag
+from reprobisect.support.interrupt import make_temp_dir
+from reprobisect.trace.format import FORMAT, VERSION, Manifest, Step, shard_name
+from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.vcs.git import archive, extract, make_links, remove_links, resolve
 
-if TYPE_CHECKING:  # pragma: no cover
-    from reprobisect.trace.reader import Trace
-
-__all__ = ["RayExecutor", "RayProbeResult", "PLACEMENTS", "archive_commit"]
+__all__ = ["RayExecutor", "RayConfig", "RAY_FLAGS", "RayProbeResult", "PLACEMENTS", "archive_commit"]
 
 PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}
 """Pair placements and the Ray placement-group strategy each one uses."""
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """The Ray executor's own settings: what ``--executor ray`` adds to the shared options."""
+
+    address: str | None = None
+    """Ray cluster address (None: start a local instance; 'auto'; 'ray://HOST:PORT')."""
+    gpus_per_probe: float = 0.0
+    """GPUs each probe requests from Ray."""
+    cpus_per_probe: float = 1.0
+    """CPUs each probe requests from Ray."""
+    placement: str | None = None
+    """How paired probes (repro, envs) are placed: 'pack' (one node, the same device type) or
+    'spread' (two nodes, on purpose); None: pack."""
+
+    def __post_init__(self) -> None:
+        check_number("--gpus-per-probe", self.gpus_per_probe, minimum=0)
+        check_number("--cpus-per-probe", self.cpus_per_probe, minimum=0)
+        if self.placement is not None and self.placement not in PLACEMENTS:
+            raise UsageError(f"unknown placement '{self.placement}'; use --placement pack or --placement spread")
+
+    def executor_kwargs(self, timeout: float | None = None) -> dict[str, Any]:
+        """``RayExecutor``'s keywords for these settings (and the probes' ``timeout``, if any)."""
+        kw: dict[str, Any] = {"address": self.address, "gpus_per_probe": self.gpus_per_probe,
+                              "cpus_per_probe": self.cpus_per_probe, "placement": self.placement}
+        if timeout is not None:
+            kw["timeout"] = timeout
+        return kw
+
+    def to_json(self) -> dict[str, Any]:
+        return {"address": self.address, "gpus_per_probe": self.gpus_per_probe,
+                "cpus_per_probe": self.cpus_per_probe, "placement": self.placement}
+
+
+RAY_FLAGS = (
+    ExecutorFlag("address", "--address", "str", "Ray cluster address (--executor ray).", keys=("ray_address",)),
+    ExecutorFlag("gpus_per_probe", "--gpus-per-probe", "number", "GPUs per probe (--executor ray)."),
+    ExecutorFlag("cpus_per_probe", "--cpus-per-probe", "number", "CPUs per probe (--executor ray)."),
+    ExecutorFlag("placement", "--placement", "choice",
+                 "Paired probes on Ray: one node (pack) or two (spread) [default: pack].", choices=tuple(PLACEMENTS)),
+)
+"""The flags (and config-file keys) that fill a ``RayConfig``; registered in ``reprobisect.executors``."""
 
 _SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _POLL_S = 0.1
@@ -142,8 +189,6 @@ def archive_commit(repo: str | os.PathLike, commit: str) -> bytes:
     was rebuilt (submodule content added) the header is written again here, so the
     worker can always read back which commit it unpacked.
     """
-    from reprobisect.vcs.git import archive, resolve
-
     full = resolve(repo, commit)
     data = archive(repo, full)
     if _tar_commit(data) == full:
@@ -196,7 +241,6 @@ def _tar_folder(folder: Path, limit: int) -> bytes:
 
 def _extract(data: bytes, dest: Path) -> str | None:
     """Extract a tar into ``dest``; return the commit id its pax header carries, if any."""
-    from reprobisect.vcs.git import extract
 
     extract(data, dest)
     return _tar_commit(data)
@@ -237,37 +281,7 @@ def _probe_task(
     name = _trace_dir_name(spec)
     final = root / name
     staging = root / f".{name}.{run_id}"
-    commit = None
-    work = None
-    try:
-        if kind == "shared":
-            workdir = Path(value)
-        else:
-            work = root / f".work-{name}.{run_id}"
-            work.mkdir()
-            commit = _extract(value, work)
-            workdir = work
-        if runner is None:
-            from reprobisect.core.probe import run_in_dir as runner
-        made: list[Path] = []
-        missing = _linkable(spec, workdir) if kind != "shared" else None
-        if missing:
-            res = ProbeResult(spec=run_spec, outcome=Outcome("skip", detail=missing), host=socket.gethostname())
-        else:
-            if spec.links and kind != "shared":
-                from reprobisect.vcs.git import make_links
-
-                made = make_links(workdir, spec.repo, spec.links)
-            try:
-                res = runner(run_spec, workdir, staging)
-            finally:
-                if made:
-                    from reprobisect.vcs.git import remove_links
-
-                    remove_links(made)  # unlink before the folder goes: never delete through a link
-    finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+    res, commit = _run_unpacked(spec, run_spec, kind, value, root / f".work-{name}.{run_id}", staging, runner)
     # this execution's trace replaces any earlier execution's, whole (or removes it: no trace this time)
     if final.exists():
         old = root / f".{name}.old-{run_id}"
@@ -275,21 +289,7 @@ def _probe_task(
         shutil.rmtree(old, ignore_errors=True)
     if staging.exists():
         os.replace(staging, final)
-    files: dict[str, bytes] = {}
-    remote: dict[str, int] = {}
-    if (final / "manifest.json").is_file():
-        sizes = {}
-        for dirpath, _, names in os.walk(final):
-            for n in names:
-                p = Path(dirpath) / n
-                sizes[p.relative_to(final).as_posix()] = p.stat().st_size
-        budget = eager_bytes
-        for rel in sorted(sizes, key=lambda r: (r not in ("manifest.json", "steps.jsonl"), sizes[r], r)):
-            if rel in ("manifest.json", "steps.jsonl") or sizes[rel] <= budget:
-                files[rel] = (final / rel).read_bytes()
-                budget -= sizes[rel]
-            else:
-                remote[rel] = sizes[rel]
+    files, remote = _split_trace_files(final, eager_bytes)
     return {
         "result": replace(res, spec=spec, commit_ran=commit if commit else res.commit_ran, trace_dir=None),
         "has_trace": (final / "manifest.json").is_file(),
@@ -303,6 +303,57 @@ def _probe_task(
         "remote": remote,
         "run_id": run_id,
     }
+
+
+def _run_unpacked(spec: ProbeSpec, run_spec: ProbeSpec, kind: str, value: Any, work: Path, staging: Path,
+                  runner: Callable[[ProbeSpec, Path, Path], ProbeResult] | None) -> tuple[ProbeResult, str | None]:
+    """Unpack the code into ``work`` (or use the shared folder), make the links, run the probe
+    into ``staging``; the result and the commit the tar named. ``work`` is removed after."""
+    if runner is None:
+        from reprobisect.core.probe import run_in_dir as runner  # the probe's own module imports the executors
+    commit = None
+    shared = kind == "shared"
+    try:
+        if shared:
+            workdir = Path(value)
+        else:
+            work.mkdir()
+            commit = _extract(value, work)
+            workdir = work
+        missing = _linkable(spec, workdir) if not shared else None
+        if missing:
+            return ProbeResult(spec=run_spec, outcome=Outcome("skip", detail=missing), host=socket.gethostname()), commit
+        made = make_links(workdir, spec.repo, spec.links) if spec.links and not shared else []
+        try:
+            return runner(run_spec, workdir, staging), commit
+        finally:
+            if made:
+                remove_links(made)  # unlink before the folder goes: never delete through a link
+    finally:
+        if not shared:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _split_trace_files(final: Path, eager_bytes: int) -> tuple[dict[str, bytes], dict[str, int]]:
+    """The trace's files to send back now (manifest, steps, then the smallest up to
+    ``eager_bytes``) and the sizes of those that stay on this worker until fetched."""
+    files: dict[str, bytes] = {}
+    remote: dict[str, int] = {}
+    if not (final / "manifest.json").is_file():
+        return files, remote
+    sizes = {}
+    for dirpath, _, names in os.walk(final):
+        for n in names:
+            p = Path(dirpath) / n
+            sizes[p.relative_to(final).as_posix()] = p.stat().st_size
+    budget = eager_bytes
+    for rel in sorted(sizes, key=lambda r: (r not in ("manifest.json", "steps.jsonl"), sizes[r], r)):
+        if rel in ("manifest.json", "steps.jsonl") or sizes[rel] <= budget:
+            files[rel] = (final / rel).read_bytes()
+            budget -= sizes[rel]
+        else:
+            remote[rel] = sizes[rel]
+    return files, remote
 
 
 def _linkable(spec: ProbeSpec, workdir: Path) -> str | None:
@@ -391,7 +442,6 @@ class RayExecutor:
         num_cpus: int | None = None,
         temp_dir: str | None = None,
         runner: Callable[[ProbeSpec, Path, Path], ProbeResult] | None = None,
-        **_ignored: object,
     ) -> None:
         """Connect to (or start) Ray and get ready to run probes.
 
@@ -438,44 +488,22 @@ class RayExecutor:
         self._runner = runner
         self._session = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
         self._own_out = out_dir is None
-        if out_dir:
-            self.out_dir = Path(out_dir)
-        else:  # marked as this process's: a SIGKILL'd session's folder is cleaned by the next start
-            from reprobisect.support.interrupt import make_temp_dir
-
-            self.out_dir = make_temp_dir("reprobisect-ray-traces-")
+        # marked as this process's when temporary: a SIGKILL'd session's folder is cleaned by the next start
+        self.out_dir = Path(out_dir) if out_dir else make_temp_dir("reprobisect-ray-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            try:
-                if address is None:
-                    kw: dict[str, Any] = {"address": "local", "include_dashboard": False}
-                    if num_cpus is not None:
-                        kw["num_cpus"] = num_cpus
-                    if temp_dir is not None:
-                        kw["_temp_dir"] = temp_dir
-                    ray.init(**kw, log_to_driver=False, configure_logging=False)
-                else:
-                    _check_reachable(address, connect_timeout)
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-            except ReproError:
-                raise
-            except Exception as e:  # ConnectionError, RuntimeError, ValueError from ray.init
-                why = _first_line(e)
-                if address is None:
-                    raise ProbeError(f"cannot start a local Ray instance: {why}") from None
-                raise ProbeError(
-                    f"cannot reach the Ray cluster at '{address}': {why}; check --address "
-                    "(auto, or ray://HOST:10001) and that the cluster runs the same Ray and Python versions"
-                ) from None
-
+            _init_ray(ray, address, num_cpus=num_cpus, temp_dir=temp_dir, connect_timeout=connect_timeout)
         capacity = self._check_feasible()
         want = max_parallel if max_parallel is not None else (jobs if jobs is not None else capacity)
         if want < 1:
             raise UsageError(f"--jobs must be at least 1 (got {want})")
         self.max_parallel = max(1, min(int(want), capacity))
+        self._start(ray)
 
+    def _start(self, ray: Any) -> None:
+        """Declare the remote functions and start the thread that feeds probes to Ray."""
         self._probe = ray.remote(max_calls=1)(_probe_task)
         self._reader = ray.remote(_read_file)
         self._cleaner = ray.remote(_remove_session)
@@ -676,7 +704,6 @@ class RayExecutor:
         ``steps.jsonl`` are validated here (schema, SHA-256) and ``tensor()`` pulls the
         step's shard from the worker the first time one of its tensors is needed.
         """
-        from reprobisect.trace.reader import read_trace
 
         if not result.trace_dir:
             raise TraceError(f"probe '{result.spec.key}' left no trace ({result.outcome})")
@@ -967,6 +994,33 @@ class RayExecutor:
             ray.wait(refs, num_returns=len(refs), timeout=10)
 
 
+def _init_ray(ray: Any, address: str | None, *, num_cpus: int | None, temp_dir: str | None,
+              connect_timeout: float) -> None:
+    """Start a local Ray instance (``address`` None) or join the cluster at ``address``; a
+    failure is one ``ProbeError`` line saying which and what to check."""
+    try:
+        if address is None:
+            kw: dict[str, Any] = {"address": "local", "include_dashboard": False}
+            if num_cpus is not None:
+                kw["num_cpus"] = num_cpus
+            if temp_dir is not None:
+                kw["_temp_dir"] = temp_dir
+            ray.init(**kw, log_to_driver=False, configure_logging=False)
+        else:
+            _check_reachable(address, connect_timeout)
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except ReproError:
+        raise
+    except Exception as e:  # ConnectionError, RuntimeError, ValueError from ray.init
+        why = _first_line(e)
+        if address is None:
+            raise ProbeError(f"cannot start a local Ray instance: {why}") from None
+        raise ProbeError(
+            f"cannot reach the Ray cluster at '{address}': {why}; check --address "
+            "(auto, or ray://HOST:10001) and that the cluster runs the same Ray and Python versions"
+        ) from None
+
+
 def _check_reachable(address: str, timeout: float) -> None:
     """Fail fast with one line when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not answer."""
     m = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
@@ -994,8 +1048,6 @@ def _lazy_trace(path: Path, allow_incomplete: bool, pull: Callable[[str], Any]) 
     """A ``Trace`` over a folder whose shards are still remote: validated steps, lazy tensors."""
     import hashlib
 
-    from reprobisect.trace.format import FORMAT, VERSION, Manifest, Step, shard_name
-    from reprobisect.trace.reader import Trace
 
     try:
         raw = json.loads((path / "manifest.json").read_text())

@@ -91,18 +91,20 @@ def _environment_lines(result: Any) -> list[str]:
 
 
 def _tol_text(t: Any) -> str:
-    if hasattr(t, "describe"):  # a ``Tolerance``
+    """'bitwise', 'default', 'atol A, rtol R', or the whole description when overrides apply."""
+    c = t.canonical() if hasattr(t, "canonical") else t  # a ``Tolerance`` (or its JSON form)
+    if isinstance(c, dict) and "mode" in c:
         return t.describe()
-    if isinstance(t, dict):
-        return f"atol {t.get('atol', 0):g}, rtol {t.get('rtol', 0):g}"
-    return str(t)
+    if isinstance(c, dict):
+        return f"atol {c.get('atol', 0):g}, rtol {c.get('rtol', 0):g}"
+    return str(c)
 
 
 def repro_json(result: Any) -> dict[str, Any]:
     """What ``bisect repro --json`` prints."""
     return {
         "deterministic": result.deterministic,
-        "tolerance": result.tolerance.to_json() if hasattr(result.tolerance, "to_json") else result.tolerance,
+        "tolerance": result.tolerance.canonical() if hasattr(result.tolerance, "canonical") else result.tolerance,
         "runs": [probe_result_json(r) for r in result.runs],
         "hashseeds": list(result.hashseeds),
         "environment_set": result.environment_set,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprobisect.errors import UsageError
-from reprobisect.executors import submit_all
+from reprobisect.executors import executor_for, submit_all
 from reprobisect.executors.base import ProbeResult
 from reprobisect.core.compare import Comparison
 from reprobisect.core.envdiff import EnvChange, diff_environments
@@ -129,7 +129,7 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         spec_for(argv_a, options, key=f"envs-{tag}-a", workdir=cwd, env=sa.env, python=sa.python),
         spec_for(argv_b, options, key=f"envs-{tag}-b", workdir=cwd, env=sb.env, python=sb.python),
     ]
-    with options.make_executor() as ex, progress("envs", total=2, quiet=options.quiet) as p:
+    with executor_for(options) as ex, progress("envs", total=2, quiet=options.quiet) as p:
         futures = submit_all(ex, specs)
         results = []
         for side, f in zip("ab", futures):
@@ -141,5 +141,5 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         ta = read_trace(results[0].trace_dir, allow_incomplete=True)
         tb = read_trace(results[1].trace_dir, allow_incomplete=True)
         changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
-        comp = compare_traces(results[0], results[1], options.tolerance_spec("default"))
+        comp = compare_traces(results[0], results[1], options.tolerance_for("default"))
     return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)

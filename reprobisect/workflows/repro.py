@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.executors import submit_all
+from reprobisect.core.compare import Tolerance
+from reprobisect.executors import executor_for, submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
@@ -88,7 +89,7 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
 
     ``check`` defaults to ``match`` with a reference and is required otherwise. A
     timeout or infrastructure failure is retried once, then reported as ``skip``.
-    Tolerance: ``options.tolerance_spec('bitwise')``.
+    Tolerance: ``options.tolerance_for('bitwise')``.
     """
     if check is None:
         if reference is None:
@@ -100,9 +101,9 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
         raise UsageError("--check match needs --reference TRACE (a trace of the good run, from bisect capture)")
     if reference is not None:
         read_trace(reference)  # a bad reference is the user's mistake: say so before probing
-    tol = options.tolerance_spec("bitwise")
+    tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
-    with options.make_executor() as ex:
+    with executor_for(options) as ex:
         first = run_with_retry(ex, spec_for(argv, options, key=f"probe-{tag}", workdir=cwd))
         if check == "repro":
             if not first.outcome or first.outcome.status not in ("ok",):
@@ -126,7 +127,7 @@ class ReproResult:
     runs: tuple[ProbeResult, ...]
     comparisons: tuple[Comparison, ...]
     """``comparisons[i]`` compares run 0 with run i+1 (``reprobisect.core.compare`` results)."""
-    tolerance: Any
+    tolerance: Tolerance
     hashseeds: tuple[str | None, ...] = ()
     """PYTHONHASHSEED given to each run (None: left as the user's environment has it)."""
     environment_set: dict[str, Any] = field(default_factory=dict)
@@ -197,12 +198,12 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
 
     With ``hashseed_differ`` run i gets ``PYTHONHASHSEED=i`` (exposes set/dict-order
     bugs); otherwise the runs inherit the user's environment unchanged. Tolerance:
-    ``options.tolerance_spec('bitwise')``. A run that cannot produce a trace (crash,
+    ``options.tolerance_for('bitwise')``. A run that cannot produce a trace (crash,
     skip, timeout) is a ``ProbeError``: there is nothing to compare.
     """
     if runs < 2:
         raise UsageError(f"--runs must be at least 2 (got {runs})")
-    tol = options.tolerance_spec("bitwise")
+    tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
     seeds: list[str | None] = [str(i) if hashseed_differ else None for i in range(runs)]
     specs = [
@@ -210,7 +211,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
                  env={"PYTHONHASHSEED": seeds[i]} if seeds[i] is not None else None)
         for i in range(runs)
     ]
-    with options.make_executor() as ex, progress("repro", total=runs, quiet=options.quiet) as p:
+    with executor_for(options) as ex, progress("repro", total=runs, quiet=options.quiet) as p:
         futures = submit_all(ex, specs)
         results = []
         for i, f in enumerate(futures):

@@ -44,6 +44,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from reprobisect.errors import UsageError
+from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult
 from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
@@ -533,7 +534,7 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         replace(spec_for(a, options, key=f"seed-{tag}-{i}", workdir=cwd), extra_launch_args=("--seed", s))
         for i, (a, s) in enumerate(zip(argvs, seeds))
     ]
-    with options.make_executor() as ex, progress("seeds", total=len(specs), quiet=options.quiet) as p:
+    with executor_for(options) as ex, progress("seeds", total=len(specs), quiet=options.quiet) as p:
         futures = [ex.submit(s) for s in specs]
         results = []
         for s, f in zip(seeds, futures):

@@ -11,7 +11,8 @@ import json
 
 import click
 
-from reprobisect.core.options import POSITIVE_SECONDS, parse_steps
+from reprobisect.cli.options import capture_options, parse_steps
+from reprobisect.workflows.capture import CaptureConfig, capture
 
 __all__ = ["command"]
 
@@ -21,33 +22,32 @@ __all__ = ["command"]
     epilog="Example: bisect capture -o run.trace --steps 3 -- python train.py --lr 1e-3",
 )
 @click.option("-o", "--out", required=True, type=click.Path(), help="Trace folder to write.")
-@click.option("--steps", type=int, default=3, show_default=True, help="Optimizer steps to record.")
-@click.option("--full-steps", default="", help="Steps whose full tensors are kept, e.g. 0,1.")
 @click.option("--state-steps", default="", help="Steps after which complete state is captured, e.g. 2.")
 @click.option("--seed", default=None, help="The seed the command uses (recorded in the manifest).")
-@click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before the command is killed.")
 @click.option("--stop-on-nonfinite", is_flag=True, help="End the run at the first NaN/Inf.")
 @click.option("--max-disk", type=int, default=None, help="Bound in bytes for full tensors and state.")
 @click.option("--max-records-per-step", type=int, default=None,
               help="Bound on forward records (inputs, activations, outputs) a step; past it they are counted, not recorded [20000].")
-@click.option("-q", "--quiet", is_flag=True, help="Do not stream the command's output (it is kept in the trace's output.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@capture_options
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out, steps, full_steps, state_steps, seed, timeout, stop_on_nonfinite, max_disk, max_records_per_step, quiet, as_json,
-            cmd) -> int:
-    """Record a few steps of an unmodified training command (after --) into a trace."""
-    from reprobisect.workflows.capture import CaptureConfig, capture
+def command(out: str, shared: dict, state_steps: str, seed: str | None, stop_on_nonfinite: bool, max_disk: int | None,
+            max_records_per_step: int | None, as_json: bool, cmd: tuple[str, ...]) -> int:
+    """Record a few steps of an unmodified training command (after --) into a trace.
 
+    --steps, --timeout, --full-steps and --config mean what they mean for the probing
+    commands, and a --config file's keys for them apply here too.
+    """
     config = CaptureConfig(
-        steps=steps,
-        full_steps=parse_steps(full_steps, "--full-steps"),
+        steps=shared["steps"],
+        full_steps=shared["full_steps"],
         state_steps=parse_steps(state_steps, "--state-steps"),
         seed=seed,
-        timeout=timeout,
+        timeout=shared["timeout"],
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
         max_records_per_step=max_records_per_step,
-        quiet=quiet or as_json,  # --json: stdout is the JSON only
+        quiet=shared["quiet"] or as_json,  # --json: stdout is the JSON only
     )
     result = capture(list(cmd), out, config)
     if as_json:

@@ -10,6 +10,10 @@ import json
 
 import click
 
+from reprobisect.exitcodes import ExitCode
+from reprobisect.support.progress import Progress
+from reprobisect.workflows.demo import DEMO_COMMAND, run_demo
+
 __all__ = ["command"]
 
 
@@ -27,9 +31,6 @@ def command(directory: str | None, jobs: int, keep: bool, quiet: bool, as_json: 
     one does not import), runs `bisect runs --check match` on it, and prints the commit
     that changed training and the first tensor that changed inside it.
     """
-    from reprobisect.workflows.demo import DEMO_COMMAND, run_demo
-    from reprobisect.support.progress import Progress
-
     quiet = quiet or as_json
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
     say("building a demo repository: a tiny MLP project with 20 commits ...")
@@ -49,4 +50,4 @@ def command(directory: str | None, jobs: int, keep: bool, quiet: bool, as_json: 
             f"\nthe demo planted its numerics change in {repo.culprit[:10]}: "
             + ("found it." if hit else "NOT found (see above).")
         )
-    return 0 if hit else 1
+    return ExitCode.OK if hit else ExitCode.DIFFER

@@ -10,7 +10,11 @@ import json
 
 import click
 
-from reprobisect.core.options import ProbeOptions, probe_options, split_command
+from reprobisect.cli.options import probe_options, split_command
+from reprobisect.core.options import ProbeOptions
+from reprobisect.exitcodes import ExitCode
+from reprobisect.render import envs_json, render_envs
+from reprobisect.workflows.envs import run_envs
 
 __all__ = ["command"]
 
@@ -27,9 +31,6 @@ __all__ = ["command"]
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, spec_a: str, spec_b: str, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Compare one command under two environments."""
-    from reprobisect.render import envs_json, render_envs
-    from reprobisect.workflows.envs import run_envs
-
     result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b)
     click.echo(json.dumps(envs_json(result), indent=2) if as_json else render_envs(result))
-    return 0 if result else 1
+    return ExitCode.OK if result else ExitCode.DIFFER

@@ -2,8 +2,8 @@
 
 Exit 0 good, 1 bad, 125 skip (git bisect's convention: a timeout or infrastructure
 failure skips). Its own errors must stop the bisection, not blame the commit, so bad input
-exits 128 and an internal error 129 (``git bisect run`` aborts on >= 128; it would read 2
-as "bad"); ``reprobisect.cli.main`` maps them. The probe runs in place: git bisect has
+exits 128 and an internal error 250 (``git bisect run`` aborts on >= 128; it would read 2
+as "bad"; 129 is SIGHUP's); ``reprobisect.cli.main`` maps them (``reprobisect.exitcodes``). The probe runs in place: git bisect has
 already checked the commit out, so no worktree is made.
 """
 
@@ -13,7 +13,10 @@ import json
 
 import click
 
-from reprobisect.core.options import ProbeOptions, probe_options, split_command
+from reprobisect.cli.options import probe_options, split_command
+from reprobisect.core.options import ProbeOptions
+from reprobisect.render import probe_report_json, render_probe_report
+from reprobisect.workflows import repro
 
 __all__ = ["command"]
 
@@ -32,12 +35,9 @@ __all__ = ["command"]
 def command(options: ProbeOptions, reference: str | None, check: str | None, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Probe the current checkout once: exit 0 good, 1 bad, 125 skip.
 
-    Bad input exits 128 and an internal error 129: git bisect run stops instead of
+    Bad input exits 128 and an internal error 250: git bisect run stops instead of
     blaming the commit.
     """
-    from reprobisect.render import probe_report_json, render_probe_report
-    from reprobisect.workflows.repro import probe_checkout
-
-    report = probe_checkout(split_command(cmd), options, check=check, reference=reference)
+    report = repro.probe_checkout(split_command(cmd), options, check=check, reference=reference)
     click.echo(json.dumps(probe_report_json(report), indent=2) if as_json else render_probe_report(report))
     return report.exit_code

@@ -10,7 +10,11 @@ import json
 
 import click
 
-from reprobisect.core.options import ProbeOptions, probe_options, split_command
+from reprobisect.cli.options import probe_options, split_command
+from reprobisect.core.options import ProbeOptions
+from reprobisect.exitcodes import ExitCode
+from reprobisect.render import render_repro, repro_json
+from reprobisect.workflows.repro import run_repro
 
 __all__ = ["command"]
 
@@ -24,9 +28,6 @@ __all__ = ["command"]
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(options: ProbeOptions, runs: int, hashseed_differ: bool, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Run the same command several times and compare: identical, or the first nondeterministic tensor."""
-    from reprobisect.render import render_repro, repro_json
-    from reprobisect.workflows.repro import run_repro
-
     result = run_repro(split_command(cmd), options, runs=runs, hashseed_differ=hashseed_differ)
     click.echo(json.dumps(repro_json(result), indent=2) if as_json else render_repro(result))
-    return 0 if result else 1
+    return ExitCode.OK if result else ExitCode.DIFFER

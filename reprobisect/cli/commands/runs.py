@@ -8,10 +8,15 @@ found, 2 for bad input.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
-from reprobisect.core.options import ProbeOptions, link_option, probe_options, split_command
+from reprobisect.cli.options import link_option, probe_options, split_command
+from reprobisect.core.options import ProbeOptions
+from reprobisect.errors import UsageError
+from reprobisect.exitcodes import ExitCode
+from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
 __all__ = ["command"]
 
@@ -48,11 +53,6 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
       bisect runs --good v1.2 --bad main -- python train.py --lr 3e-4
       bisect runs --good v1.2 --bad main --link data -- python train.py
     """
-    from dataclasses import replace
-
-    from reprobisect.errors import UsageError
-    from reprobisect.workflows.runs import RunsConfig, find_first_bad
-
     argv = split_command(cmd)
     names = tuple(t.strip() for t in terms.split(","))
     if len(names) != 2 or not all(names):
@@ -68,4 +68,4 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         click.echo(str(result))
-    return 0 if result else 1
+    return ExitCode.OK if result else ExitCode.DIFFER

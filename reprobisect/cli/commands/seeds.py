@@ -10,7 +10,11 @@ import json
 
 import click
 
-from reprobisect.core.options import ProbeOptions, probe_options, split_command
+from reprobisect.cli.options import probe_options, split_command
+from reprobisect.core.options import ProbeOptions
+from reprobisect.exitcodes import ExitCode
+from reprobisect.render import render_seed_map, seed_map_json
+from reprobisect.workflows.seeds import run_seeds
 
 __all__ = ["command"]
 
@@ -27,9 +31,6 @@ def command(options: ProbeOptions, seeds: str, noise_floor: bool, as_json: bool,
     Full tensors of step 0 are kept (unless --full-steps is given) so that init and
     augmentation can be separated from data order.
     """
-    from reprobisect.render import render_seed_map, seed_map_json
-    from reprobisect.workflows.seeds import run_seeds
-
     result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor)
     click.echo(json.dumps(seed_map_json(result), indent=2) if as_json else render_seed_map(result))
-    return 0 if result else 1
+    return ExitCode.OK if result else ExitCode.DIFFER
