@@ -689,3 +689,13 @@ def test_commit_info_matches_git_show(tmp_path: Path, monkeypatch) -> None:
         assert (info.insertions, info.deletions) == (sum(int(n[0]) for n in num), sum(int(n[1]) for n in num))
     renamed = commit_info(repo, "HEAD^1")
     assert renamed.subject == "rename a and grow b" and renamed.files_changed == 2 and "=>" in renamed.diffstat
+
+
+def test_a_repository_path_with_a_dollar_and_a_tilde(tmp_path: Path) -> None:
+    """Paths are used as given (GitPython expands $VARS and ~ in a path unless told not to)."""
+    repo, h = make_linear(tmp_path, 3, "my$HOME ~dir")
+    assert open_repo(repo).root == repo.resolve() and resolve(repo, "HEAD") == h[-1]
+    assert commit_info(repo, h[1]).parents == (h[0],) and bisect_axis(repo, h[0], h[2])[0] == h
+    with WorktreePool(repo) as pool:
+        with pool.checkout(h[1]) as wt:
+            assert (wt / "value.txt").read_text() == "1\n"

@@ -154,7 +154,9 @@ class _Git(gitpy.Git):
 
     def __init__(self, working_dir: str | os.PathLike[str]) -> None:
         super().__init__(working_dir)
-        self.set_persistent_git_options(C=os.fspath(self._working_dir))
+        # the folder as given: GitPython would expand $VARS and ~ in a str path
+        self._working_dir = os.path.abspath(os.fspath(working_dir))
+        self.set_persistent_git_options(C=self._working_dir)
         if "GIT_TERMINAL_PROMPT" not in os.environ:
             self.update_environment(GIT_TERMINAL_PROMPT="0")
 
@@ -227,13 +229,19 @@ def _opened(repo: "RepoInfo | str | os.PathLike[str]") -> Iterator[_Repo]:
     """A ``git.Repo`` of ``repo`` for one call, closed after it (its ``cat-file`` processes end)."""
     root = _root(repo)
     try:
-        r = _Repo(root, search_parent_directories=True)
+        r = _Repo(root, search_parent_directories=True, expand_vars=False)
     except NoSuchPathError:
         raise UsageError(f"directory {root} does not exist") from None
     except InvalidGitRepositoryError:
         raise UsageError(f"not a git repository: {root} (run from inside a repository or pass its path)") from None
     try:
         yield r
+    except GitCommandNotFound:
+        raise UsageError(_NO_GIT) from None
+    except GitCommandError as e:  # a command GitPython ran for an object or a walk
+        args = [str(a) for a in (e.command if isinstance(e.command, (list, tuple)) else [e.command])]
+        args = args[3:] if args[1:2] == ["-C"] else args[1:]  # less `git -C <folder>`
+        raise ProbeError(f"git {' '.join(args)} failed in {root}: {_stderr_of(e) or e.status}") from None
     finally:
         r.close()
 
