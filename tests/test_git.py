@@ -571,9 +571,6 @@ def test_session_locks_of_two_repositories_are_independent(tmp_path: Path) -> No
 
 
 # ----------------------------------------------------------------------------- GitPython with care
-GUARDED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-
-
 def test_inherited_git_env_never_reaches_the_users_checkout(linear, tmp_path: Path, monkeypatch) -> None:
     """A hook or alias sets GIT_DIR/GIT_WORK_TREE/GIT_INDEX_FILE to the user's checkout: no
     command of the git layer may act on it (a worktree add would write the user's index)."""
@@ -653,6 +650,13 @@ def test_missing_git_is_one_line(linear, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("GIT_DIR", str(repo / ".git"))  # the path through env -u
     with pytest.raises(UsageError, match="git is not installed or not on PATH"):
         resolve(repo, "HEAD")
+    # GitPython refuses to import without a git executable: the layer still imports, and says so at use
+    code = ("import reprobisect.vcs.git as g\ntry:\n    g.resolve('.', 'HEAD')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_PYTHON_REFRESH")}
+    env["PATH"] = str(tmp_path / "empty")
+    out = subprocess.run([PYTHON, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "UsageError git is not installed or not on PATH; install git to search history", out.stderr
 
 
 def raw(cwd: Path, *args: str) -> str:
