@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -569,51 +570,136 @@ def test_session_locks_of_two_repositories_are_independent(tmp_path: Path) -> No
             pass
 
 
-# ----------------------------------------------------------------------------- DVC
-@pytest.mark.slow
-def test_dvc_data_at_a_revision(tmp_path: Path) -> None:
-    from reprobisect.vcs.git import dvc_pull_at
+# ----------------------------------------------------------------------------- GitPython with care
+def test_inherited_git_env_never_reaches_the_users_checkout(linear, tmp_path: Path, monkeypatch) -> None:
+    """A hook or alias sets GIT_DIR/GIT_WORK_TREE/GIT_INDEX_FILE to the user's checkout: no
+    command of the git layer may act on it (a worktree add would write the user's index)."""
+    repo, h = linear
+    dirty_up(repo)
+    before = snapshot(repo)
+    decoy, dh = make_linear(tmp_path, 2, "decoy")
+    with monkeypatch.context() as m:
+        m.setenv("GIT_DIR", str(repo / ".git"))
+        m.setenv("GIT_WORK_TREE", str(repo))
+        m.setenv("GIT_INDEX_FILE", str(repo / ".git" / "index"))
+        assert resolve(decoy, "HEAD") == dh[-1] and open_repo(decoy).root == decoy.resolve()
+        assert commit_info(repo, h[3]).parents == (h[2],)
+        assert bisect_axis(repo, h[0], h[4])[0] == h[:5]
+        with WorktreePool(repo) as pool:
+            for c in (h[1], h[2]):  # a new worktree, then the reused one
+                with pool.checkout(c) as wt:
+                    assert (wt / "value.txt").read_text() == f"{h.index(c)}\n"
+        out = extract(archive(repo, h[2]), tmp_path / "x")
+        assert (out / "value.txt").read_text() == "2\n"
+    assert snapshot(repo) == before
+    assert registered(repo) == [str(repo.resolve())]
 
-    repo = tmp_path / "dvcrepo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    dvc = [PYTHON, "-m", "dvc"]
-    subprocess.run([*dvc, "init", "-q"], cwd=repo, check=True)
-    git(repo, "commit", "-q", "-m", "dvc init")
-    revs = []
-    for v in ("v1", "v2"):
-        (repo / "data.txt").write_text(v + "\n")
-        subprocess.run([*dvc, "add", "-q", "data.txt"], cwd=repo, check=True)
-        git(repo, "add", "data.txt.dvc", ".gitignore")
-        git(repo, "commit", "-q", "-m", f"data {v}")
-        revs.append(git(repo, "rev-parse", "HEAD"))
-    before = snapshot_dvc(repo)
+
+def _git_children() -> list[str]:
+    """Command lines of this process's child processes that run git."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and any(b"git" in a for a in argv[:3]):
+            out.append(" ".join(a.decode(errors="replace") for a in argv))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_no_git_process_outlives_a_call(with_submodule, tmp_path: Path) -> None:
+    """GitPython keeps cat-file processes per Repo: every call closes what it opened."""
+    repo, m, s = with_submodule
+    assert _git_children() == []
+    keep = [commit_info(repo, m[2]), bisect_axis(repo, m[0], m[2]), commit_parents(repo, m[1:]),
+            is_ancestor(repo, m[0], m[2]), archive(repo, m[2]), open_repo(repo)]
     with WorktreePool(repo) as pool:
-        with pool.checkout(revs[0]) as wt:
-            assert not (wt / "data.txt").exists()
-            r = dvc_pull_at(wt, repo)
-            assert r and r.status == "checked_out", r
-            assert (wt / "data.txt").read_text() == "v1\n"
-            assert git(wt, "status", "--porcelain") == ""  # config.local is ignored: still clean
-        with pool.checkout(revs[1]) as wt:  # reused worktree: the other revision's data
-            assert dvc_pull_at(wt, repo).status == "checked_out"
-            assert (wt / "data.txt").read_text() == "v2\n"
-            # the cache lacks what a commit needs and there is no remote: reported, not raised
-            shutil_rm(repo / ".dvc" / "cache")
-            (wt / "data.txt").unlink()
-            bad = dvc_pull_at(wt, repo)
-            assert not bad and bad.status == "failed" and "dvc pull" in bad.detail
-    assert snapshot_dvc(repo)["status"] == before["status"]
-    plain, _ = make_linear(tmp_path, 2, "nodvc")
-    with checkout(plain, "HEAD") as wt:
-        assert dvc_pull_at(wt, plain).status == "none"
+        with pool.checkout(m[2]):
+            pass
+    assert keep and _git_children() == []
 
 
-def snapshot_dvc(repo: Path) -> dict[str, str]:
-    return {"status": git(repo, "status", "--porcelain"), "head": git(repo, "rev-parse", "HEAD")}
+def test_a_vanished_worktree_never_turns_into_the_users_checkout(linear, monkeypatch) -> None:
+    """GitPython runs a command whose folder is gone in the current directory: a reused
+    worktree deleted behind the pool's back must not get its checkout/clean run in the
+    user's checkout (the cwd of a `bisect runs`)."""
+    repo, h = linear
+    dirty_up(repo)
+    before = snapshot(repo)
+    monkeypatch.chdir(repo)
+    with WorktreePool(repo) as pool:
+        with pool.checkout(h[1]) as wt:
+            pass
+        shutil.rmtree(wt)
+        with pytest.raises(UsageError, match=f"directory {wt} does not exist"):
+            with pool.checkout(h[2]):
+                pass
+    assert snapshot(repo) == before
 
 
-def shutil_rm(path: Path) -> None:
-    import shutil
+def test_missing_git_is_one_line(linear, tmp_path: Path, monkeypatch) -> None:
+    repo, h = linear
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match="git is not installed or not on PATH"):
+        resolve(repo, "HEAD")
+    monkeypatch.setenv("GIT_DIR", str(repo / ".git"))  # the path through env -u
+    with pytest.raises(UsageError, match="git is not installed or not on PATH"):
+        resolve(repo, "HEAD")
+    # GitPython refuses to import without a git executable: the layer still imports, and says so at use
+    code = ("import reprobisect.vcs.git as g\ntry:\n    g.resolve('.', 'HEAD')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_PYTHON_REFRESH")}
+    env["PATH"] = str(tmp_path / "empty")
+    out = subprocess.run([PYTHON, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "UsageError git is not installed or not on PATH; install git to search history", out.stderr
 
-    shutil.rmtree(path)
+
+def raw(cwd: Path, *args: str) -> str:
+    """git's stdout without its surrounding newlines (``git`` above strips spaces too)."""
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip("\n")
+
+
+def test_commit_info_matches_git_show(tmp_path: Path, monkeypatch) -> None:
+    """The metadata read through git.Repo is what ``git show``'s formats print: a subject
+    whose first paragraph spans lines, a non-UTC author date, a rename, a merge."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    monkeypatch.setenv("GIT_AUTHOR_DATE", "2024-03-04T05:06:07+05:30")
+    commit(repo, {"a.txt": "1\n2\n3\n4\n5\n", "b.txt": "b\n"}, "first")
+    git(repo, "mv", "a.txt", "c.txt")
+    (repo / "b.txt").write_text("b\nmore\n")
+    git(repo, "add", "b.txt")
+    monkeypatch.setenv("GIT_AUTHOR_DATE", "2024-03-04T05:06:07-08:00")
+    git(repo, "commit", "-q", "-m", "rename a  \nand grow b\n\nthe body\nsays more")
+    git(repo, "checkout", "-q", "-b", "side", "HEAD~1")
+    commit(repo, {"s.txt": "s\n"}, "side")
+    git(repo, "checkout", "-q", "main")
+    monkeypatch.setenv("GIT_AUTHOR_DATE", "2024-03-04T05:06:07+00:00")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    for rev in ("HEAD", "HEAD^1", "HEAD^2", "HEAD~2"):
+        info = commit_info(repo, rev)
+        fields = raw(repo, "show", "-s", "--format=%H%x1f%h%x1f%s%x1f%an%x1f%ae%x1f%aI%x1f%P", rev).split("\x1f")
+        assert [info.hash, info.short, info.subject, info.author, info.email, info.date, " ".join(info.parents)] == fields
+        show = ["show", "--format=", "--first-parent", "--root", "-m", rev]
+        assert info.diffstat == raw(repo, *show[:1], "--stat=200", *show[1:])
+        num = [line.split("\t") for line in git(repo, *show[:1], "--numstat", *show[1:]).splitlines()]
+        assert info.files_changed == len(num)
+        assert (info.insertions, info.deletions) == (sum(int(n[0]) for n in num), sum(int(n[1]) for n in num))
+    renamed = commit_info(repo, "HEAD^1")
+    assert renamed.subject == "rename a and grow b" and renamed.files_changed == 2 and "=>" in renamed.diffstat
+
+
+def test_a_repository_path_with_a_dollar_and_a_tilde(tmp_path: Path) -> None:
+    """Paths are used as given (GitPython expands $VARS and ~ in a path unless told not to)."""
+    repo, h = make_linear(tmp_path, 3, "my$HOME ~dir")
+    assert open_repo(repo).root == repo.resolve() and resolve(repo, "HEAD") == h[-1]
+    assert commit_info(repo, h[1]).parents == (h[0],) and bisect_axis(repo, h[0], h[2])[0] == h
+    with WorktreePool(repo) as pool:
+        with pool.checkout(h[1]) as wt:
+            assert (wt / "value.txt").read_text() == "1\n"

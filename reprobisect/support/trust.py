@@ -31,6 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
+from reprobisect.support.cachedir import user_cache_dir
+
 __all__ = ["key_path", "rerun_fields", "sign", "verify", "is_trusted", "TRUST_FIELD"]
 
 TRUST_FIELD = "trust"
@@ -40,8 +42,6 @@ _VERSION = 1
 
 def key_path() -> Path:
     """Where this user's secret lives (``$REPROBISECT_CACHE_DIR`` or ``~/.cache/reprobisect``)."""
-    from reprobisect.support.cachedir import user_cache_dir
-
     return user_cache_dir() / "trust-key"
 
 

@@ -1,2 +1,3 @@
-"""Version control: the git repository (revisions, worktrees, lock, archives) and DVC data.
+"""Version control: ``git`` (revisions, ranges, worktrees, the session lock, archives; on
+GitPython) and ``dvc`` (DVC-tracked data at a revision; DVC itself optional).
 """

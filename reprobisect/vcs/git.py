@@ -1,11 +1,27 @@
 """The git layer: revisions, commit ranges, throwaway worktrees, a session lock, archives.
 
-Everything here runs ``git`` as a subprocess (faster to start than gitpython's object
-model, and what ``git bisect`` itself would do) and imports no ML framework.
+Built on GitPython (``import git``). Repository discovery, commit objects, ancestry,
+commit metadata and submodules go through ``git.Repo``; the worktree pool, the archive
+and the few commands GitPython has no object for (``git worktree``, ``git rev-parse``,
+the diffstat shown in the answer) run through GitPython's command wrapper. Revisions are
+parsed by git itself (``repo.git.rev_parse``): GitPython's own ``Repo.rev_parse`` does not
+know all of git's revision grammar (``main@{2.days.ago}``, ``@{upstream}``), and a user's
+``--good`` must mean what it means to ``git``. No ML framework is imported here.
 
-DVC data at a revision: ``dvc_pull_at(worktree, repo)`` points the worktree's DVC at the
-user's cache (``.dvc/config.local``, untracked) and runs ``dvc checkout``, then ``dvc
-pull`` for what the cache lacks; best-effort, a failure is reported, not raised.
+Two cares the wrapper (``_Git``) adds to GitPython's ``git.Git``:
+
+- ``GIT_DIR``, ``GIT_WORK_TREE`` and ``GIT_INDEX_FILE`` inherited from the environment (a
+  git hook or alias sets them) never reach a git command: GitPython only adds variables
+  to a command's environment, so when one of them is set, the command runs through
+  ``env -u``. Otherwise ``git worktree add`` would write the new worktree's index over
+  the user's.
+- every command runs as ``git -C <its folder>``: GitPython runs a command whose folder
+  is gone in the process's current directory (the user's checkout), where ``git clean``
+  must never run.
+
+GitPython keeps ``git cat-file`` processes alive for each ``git.Repo`` that reads objects,
+so every ``Repo`` here is opened for one call and closed at its end (``_opened``): a long
+search leaves no process or file handle behind, and the worktree pool can be removed.
 
 The user's checkout is never touched: no command here writes to the main working tree,
 its index, HEAD, untracked files or stashes. Probes run in *detached linked worktrees*
@@ -28,6 +44,8 @@ does (a bad commit keeps only its ancestors as candidates, a good one removes it
 ancestors) and names a bad commit whose parents are all good. With
 ``first_parent=True`` only the mainline is listed, a plain line (the answer is then a
 merge commit when the change came in through one).
+
+DVC data at a revision lives in ``reprobisect.vcs.dvc``.
 """
 
 from __future__ import annotations
@@ -40,14 +58,22 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import tarfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+try:
+    import git as gitpy
+except ImportError:  # GitPython refuses to import when it finds no git executable:
+    os.environ["GIT_PYTHON_REFRESH"] = "quiet"  # report that at first use instead (UsageError)
+    import git as gitpy
+from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound, InvalidGitRepositoryError, NoSuchPathError
+
 from reprobisect.errors import ProbeError, UsageError
+from reprobisect.support.interrupt import in_use, pid_alive
 
 __all__ = [
     "RepoInfo",
@@ -70,9 +96,8 @@ __all__ = [
     "prune_stale_worktrees",
     "archive",
     "extract",
-    "DvcResult",
-    "dvc_pull_at",
 ]
+
 
 @dataclass(frozen=True)
 class RepoInfo:
@@ -118,24 +143,77 @@ class CommitInfo:
         return d
 
 
-# --------------------------------------------------------------------------- plumbing
-def _git(args: list[str], cwd: str | os.PathLike[str], *, check: bool = True, input: bytes | None = None, text: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.setdefault("GIT_TERMINAL_PROMPT", "0")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        env.pop(var, None)  # never let an inherited variable point git at the user's checkout
+# --------------------------------------------------------------------------- GitPython, with care
+_ENV_GUARDED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+_NO_GIT = "git is not installed or not on PATH; install git to search history"
+
+
+class _Git(gitpy.Git):
+    """GitPython's command wrapper for one folder: ``git -C <folder>``, no inherited GIT_DIR,
+    GIT_WORK_TREE or GIT_INDEX_FILE, no credential prompt (module docstring)."""
+
+    def __init__(self, working_dir: str | os.PathLike[str]) -> None:
+        super().__init__(working_dir)
+        # the folder as given: GitPython would expand $VARS and ~ in a str path
+        self._working_dir = os.path.abspath(os.fspath(working_dir))
+        self.set_persistent_git_options(C=self._working_dir)
+        if "GIT_TERMINAL_PROMPT" not in os.environ:
+            self.update_environment(GIT_TERMINAL_PROMPT="0")
+
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        if not os.path.isdir(self._working_dir):
+            raise UsageError(f"directory {self._working_dir} does not exist")
+        if isinstance(command, (list, tuple)) and any(v in os.environ for v in _ENV_GUARDED):
+            if shutil.which(command[0]) is None:
+                raise GitCommandNotFound(command, _NO_GIT)
+            unset = [a for v in _ENV_GUARDED for a in ("-u", v)]
+            command = [shutil.which("env") or "/usr/bin/env", *unset, *command]
+        return super().execute(command, *args, **kwargs)
+
+
+class _Repo(gitpy.Repo):
+    """``git.Repo`` whose commands go through ``_Git``."""
+
+    GitCommandWrapperType = _Git
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What one git command returned."""
+
+    status: int
+    out: Any
+    """stdout: text, or bytes with ``binary``."""
+    err: str
+
+    def last_line(self) -> str:
+        lines = self.err.strip().splitlines()
+        return lines[-1] if lines else str(self.status)
+
+
+def _run(g: gitpy.Git, *args: str, check: bool = True, binary: bool = False) -> _Done:
+    """``git <args>`` through GitPython's wrapper ``g``; with ``check``, a failure raises
+    ``ProbeError`` naming the command, the folder and git's last line."""
+    call = getattr(g, args[0].replace("-", "_"))
     try:
-        proc = subprocess.run(
-            ["git", *args], cwd=cwd, input=input, capture_output=True, text=text if input is None else False, env=env
+        status, out, err = call(
+            *args[1:], with_extended_output=True, with_exceptions=False, stdout_as_string=not binary,
+            strip_newline_in_stdout=False,
         )
-    except FileNotFoundError as e:
-        if e.filename == "git":
-            raise UsageError("git is not installed or not on PATH; install git to search history") from None
-        raise UsageError(f"directory {cwd} does not exist") from None
-    if check and proc.returncode != 0:
-        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-        raise ProbeError(f"git {' '.join(args)} failed in {cwd}: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
-    return proc
+    except GitCommandNotFound:
+        raise UsageError(_NO_GIT) from None
+    done = _Done(status, out, err.decode(errors="replace") if isinstance(err, bytes) else err or "")
+    if check and status != 0:
+        raise ProbeError(f"git {' '.join(args)} failed in {g.working_dir}: {done.last_line()}")
+    return done
+
+
+def _stderr_of(e: GitCommandError) -> str:
+    """git's own stderr out of GitPython's formatted ``"\\n  stderr: '...'"``."""
+    text = str(e.stderr or "").strip()
+    if text.startswith("stderr: '") and text.endswith("'"):
+        text = text[len("stderr: '"):-1]
+    return text.strip()
 
 
 def _root(repo: "RepoInfo | str | os.PathLike[str]") -> Path:
@@ -144,6 +222,28 @@ def _root(repo: "RepoInfo | str | os.PathLike[str]") -> Path:
 
 def _info(repo: "RepoInfo | str | os.PathLike[str]") -> RepoInfo:
     return repo if isinstance(repo, RepoInfo) else open_repo(repo)
+
+
+@contextlib.contextmanager
+def _opened(repo: "RepoInfo | str | os.PathLike[str]") -> Iterator[_Repo]:
+    """A ``git.Repo`` of ``repo`` for one call, closed after it (its ``cat-file`` processes end)."""
+    root = _root(repo)
+    try:
+        r = _Repo(root, search_parent_directories=True, expand_vars=False)
+    except NoSuchPathError:
+        raise UsageError(f"directory {root} does not exist") from None
+    except InvalidGitRepositoryError:
+        raise UsageError(f"not a git repository: {root} (run from inside a repository or pass its path)") from None
+    try:
+        yield r
+    except GitCommandNotFound:
+        raise UsageError(_NO_GIT) from None
+    except GitCommandError as e:  # a command GitPython ran for an object or a walk
+        args = [str(a) for a in (e.command if isinstance(e.command, (list, tuple)) else [e.command])]
+        args = args[3:] if args[1:2] == ["-C"] else args[1:]  # less `git -C <folder>`
+        raise ProbeError(f"git {' '.join(args)} failed in {root}: {_stderr_of(e) or e.status}") from None
+    finally:
+        r.close()
 
 
 # --------------------------------------------------------------------------- revisions
@@ -158,22 +258,16 @@ def open_repo(path: str | os.PathLike[str] = ".") -> RepoInfo:
         raise UsageError(f"directory {path} does not exist")
     if p.is_file():
         p = p.parent
-    proc = _git(["rev-parse", "--is-bare-repository", "--is-inside-git-dir", "--absolute-git-dir", "--git-common-dir"], p, check=False)
-    if proc.returncode != 0:
-        raise UsageError(f"not a git repository: {p} (run from inside a repository or pass its path)")
-    lines = proc.stdout.splitlines()
-    if len(lines) < 4 or "true" in lines[:2]:
-        raise UsageError(f"{p} is a bare repository or inside a git directory: run from a working tree of it")
-    top = _git(["rev-parse", "--show-toplevel"], p, check=False)
-    if top.returncode != 0 or not top.stdout.strip():
-        raise UsageError(f"{p} has no working tree: run from a working tree of the repository")
-    lines = [lines[0], lines[2], lines[3], top.stdout.strip()]
-    git_dir = Path(lines[1]).resolve()
-    common = Path(lines[2])
-    common = (common if common.is_absolute() else p / common).resolve()
-    root = Path(lines[3]).resolve()
-    sub = os.path.relpath(p, root)
-    return RepoInfo(root=root, common_dir=common, git_dir=git_dir, subdir=sub)
+    with _opened(p) as r:
+        git_dir = Path(r.git_dir).resolve()
+        common = Path(r.common_dir).resolve()
+        # inside this worktree's own git directory (a pool's worktrees live under the common one)
+        if r.bare or p.is_relative_to(git_dir):
+            raise UsageError(f"{p} is a bare repository or inside a git directory: run from a working tree of it")
+        if not r.working_tree_dir:
+            raise UsageError(f"{p} has no working tree: run from a working tree of the repository")
+        root = Path(r.working_tree_dir).resolve()
+    return RepoInfo(root=root, common_dir=common, git_dir=git_dir, subdir=os.path.relpath(p, root))
 
 
 def resolve(repo: "RepoInfo | str | os.PathLike[str]", rev: str) -> str:
@@ -183,41 +277,81 @@ def resolve(repo: "RepoInfo | str | os.PathLike[str]", rev: str) -> str:
     """
     if not rev or rev.startswith("-"):
         raise UsageError(f"'{rev}' is not a revision")
-    proc = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"], _root(repo), check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
+    done = _run(_Git(_root(repo)), "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    if done.status != 0 or not done.out.strip():
         raise UsageError(f"unknown revision '{rev}' in {_root(repo)} (check the name, or fetch it first)")
-    return proc.stdout.strip()
+    return done.out.strip()
+
+
+def _is_ancestor(r: _Repo, a: str, d: str) -> bool:
+    try:
+        return r.is_ancestor(a, d)
+    except GitCommandError as e:
+        raise ProbeError(f"git merge-base --is-ancestor {a} {d} failed: {_stderr_of(e)}") from None
 
 
 def is_ancestor(repo: "RepoInfo | str | os.PathLike[str]", ancestor: str, descendant: str) -> bool:
     """True when ``ancestor`` is reachable from ``descendant`` (a commit is its own ancestor)."""
     a, d = resolve(repo, ancestor), resolve(repo, descendant)
-    proc = _git(["merge-base", "--is-ancestor", a, d], _root(repo), check=False)
-    if proc.returncode not in (0, 1):
-        raise ProbeError(f"git merge-base --is-ancestor {a} {d} failed: {proc.stderr.strip()}")
-    return proc.returncode == 0
+    with _opened(repo) as r:
+        return _is_ancestor(r, a, d)
+
+
+def _subject(message: str | bytes) -> str:
+    """git's ``%s``: the message's first paragraph, its lines joined by a space."""
+    text = message.decode(errors="replace") if isinstance(message, bytes) else message
+    lines: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            if lines:
+                break
+            continue
+        lines.append(line.rstrip())
+    return " ".join(lines)
 
 
 def commit_info(repo: "RepoInfo | str | os.PathLike[str]", rev: str) -> CommitInfo:
     """Hash, subject, author, date, parents and diffstat of one commit."""
     h = resolve(repo, rev)
-    sep = "\x1f"
-    fmt = sep.join(["%H", "%h", "%s", "%an", "%ae", "%aI", "%P"])
-    head = _git(["show", "-s", f"--format={fmt}", h], _root(repo)).stdout.rstrip("\n").split(sep)
-    # --first-parent diff for merges (what the merge brought in); --root for the first commit
-    stat = _git(["show", "--stat=200", "--format=", "--first-parent", "--root", "-m", h], _root(repo)).stdout
-    num = _git(["show", "--numstat", "--format=", "--first-parent", "--root", "-m", h], _root(repo)).stdout
-    files = ins = dels = 0
-    for line in num.splitlines():
-        parts = line.split("\t")
-        if len(parts) >= 3:
-            files += 1
-            ins += int(parts[0]) if parts[0].isdigit() else 0
-            dels += int(parts[1]) if parts[1].isdigit() else 0
-    return CommitInfo(
-        hash=head[0], short=head[1], subject=head[2], author=head[3], email=head[4], date=head[5],
-        parents=tuple(head[6].split()) if len(head) > 6 and head[6] else (),
-        files_changed=files, insertions=ins, deletions=dels, diffstat=stat.strip("\n"),
+    with _opened(repo) as r:
+        c = r.commit(h)
+        # the short hash git would print, numstat and the --stat body, in one command;
+        # --first-parent diff for merges (what the merge brought in); --root for the first commit
+        show = _run(r.git, "show", "--format=%h", "--numstat", "--stat=200", "--first-parent", "--root", "-m", h).out
+        short, _, body = show.partition("\n")
+        files = ins = dels = 0
+        stat: list[str] = []
+        for line in body.splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 3:  # numstat: added, deleted, path (a --stat line has no tab: git quotes it)
+                files += 1
+                ins += int(parts[0]) if parts[0].isdigit() else 0
+                dels += int(parts[1]) if parts[1].isdigit() else 0
+            elif line.strip():
+                stat.append(line)
+        return CommitInfo(
+            hash=c.hexsha, short=short.strip(), subject=_subject(c.message), author=c.author.name or "",
+            email=c.author.email or "", date=c.authored_datetime.isoformat(),
+            parents=tuple(p.hexsha for p in c.parents),
+            files_changed=files, insertions=ins, deletions=dels, diffstat="\n".join(stat),
+        )
+
+
+def _check_range(r: _Repo, good: str, bad: str, g: str, b: str) -> None:
+    if g == b:
+        raise UsageError(f"--good {good} and --bad {bad} are the same commit {g[:12]}: nothing to search")
+    if _is_ancestor(r, g, b):
+        return
+    if _is_ancestor(r, b, g):
+        raise UsageError(
+            f"--good {good} is not an ancestor of --bad {bad}: {bad} is older; swap --good and --bad "
+            "(or use other terms to hunt the commit that fixed it)"
+        )
+    bases = r.merge_base(g, b)
+    base = bases[0].hexsha if bases and bases[0] is not None else "(none)"
+    raise UsageError(
+        f"--good {good} is not an ancestor of --bad {bad}: they are on diverged branches; pick a --good "
+        f"on {bad}'s history (e.g. their merge base {base[:12]})"
     )
 
 
@@ -234,46 +368,32 @@ def commit_range(repo: "RepoInfo | str | os.PathLike[str]", good: str, bad: str,
     of ``bad`` (or not on its first-parent chain), each message saying what to change.
     """
     g, b = resolve(repo, good), resolve(repo, bad)
-    if g == b:
-        raise UsageError(f"--good {good} and --bad {bad} are the same commit {g[:12]}: nothing to search")
-    if not is_ancestor(repo, g, b):
-        if is_ancestor(repo, b, g):
-            raise UsageError(
-                f"--good {good} is not an ancestor of --bad {bad}: {bad} is older; swap --good and --bad "
-                "(or use other terms to hunt the commit that fixed it)"
-            )
-        raise UsageError(
-            f"--good {good} is not an ancestor of --bad {bad}: they are on diverged branches; pick a --good "
-            f"on {bad}'s history (e.g. their merge base {_merge_base(repo, g, b)[:12]})"
-        )
-    if first_parent:
-        out = _git(["rev-list", "--first-parent", f"{g}..{b}"], _root(repo)).stdout.split()
-        out.reverse()
+    with _opened(repo) as r:
+        _check_range(r, good, bad, g, b)
+        if not first_parent:
+            return [c.hexsha for c in r.iter_commits(f"{g}..{b}", ancestry_path=True, topo_order=True, reverse=True)]
+        chain = list(r.iter_commits(f"{g}..{b}", first_parent=True))
+        chain.reverse()
         # the chain must reach good itself: rev-list stops at good's ancestors, so check
         # that good is the first parent of the oldest listed commit
-        oldest = out[0]
-        parent = _git(["rev-parse", f"{oldest}^1"], _root(repo), check=False).stdout.strip()
-        if parent != g:
+        parents = chain[0].parents
+        if not parents or parents[0].hexsha != g:
             raise UsageError(
                 f"--good {good} is an ancestor of --bad {bad} but not on its first-parent (mainline) history; "
                 "drop --first-parent, or pick a --good on the mainline"
             )
-        return out
-    out = _git(["rev-list", "--ancestry-path", "--topo-order", "--reverse", f"{g}..{b}"], _root(repo)).stdout.split()
-    return out
+        return [c.hexsha for c in chain]
 
 
 def commit_parents(repo: "RepoInfo | str | os.PathLike[str]", commits: list[str]) -> dict[str, tuple[str, ...]]:
     """Parents (full hashes) of each of ``commits``, for ``search.Bisection(parents=...)``."""
     if not commits:
         return {}
-    proc = _git(["rev-list", "--no-walk=unsorted", "--parents", "--stdin"], _root(repo), input=("\n".join(commits) + "\n").encode())
-    out: dict[str, tuple[str, ...]] = {}
-    for line in proc.stdout.decode().splitlines():
-        parts = line.split()
-        if parts:
-            out[parts[0]] = tuple(parts[1:])
-    return out
+    with _opened(repo) as r:
+        try:
+            return {c: tuple(p.hexsha for p in gitpy.Commit(r, bytes.fromhex(c)).parents) for c in commits}
+        except (ValueError, BadObject) as e:
+            raise ProbeError(f"cannot read the parents of a commit in {_root(repo)}: {e}") from None
 
 
 def bisect_axis(
@@ -295,15 +415,18 @@ def bisect_axis(
     return points, parents
 
 
-def _merge_base(repo: "RepoInfo | str | os.PathLike[str]", a: str, b: str) -> str:
-    proc = _git(["merge-base", a, b], _root(repo), check=False)
-    return proc.stdout.strip() or "(none)"
+def _has_gitmodules(r: _Repo, commit: str) -> bool:
+    try:
+        r.commit(commit).tree / ".gitmodules"
+    except (BadName, BadObject, ValueError, KeyError):
+        return False
+    return True
 
 
 def has_submodules(repo: "RepoInfo | str | os.PathLike[str]", commit: str) -> bool:
     """True when ``commit`` has a ``.gitmodules`` file at its top level."""
-    proc = _git(["cat-file", "-e", f"{commit}:.gitmodules"], _root(repo), check=False)
-    return proc.returncode == 0
+    with _opened(repo) as r:
+        return _has_gitmodules(r, commit)
 
 
 # --------------------------------------------------------------------------- worktrees
@@ -325,9 +448,8 @@ def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: 
     by a SIGKILL'd session: its folder goes at a later start, once that probe has ended).
     Runs when a pool starts and when ``bisect runs`` starts (its probes may all be cached).
     """
-    from reprobisect.support.interrupt import in_use, pid_alive
-
     info = _info(repo)
+    g = _Git(info.root)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(info)
     removed: list[Path] = []
     host = socket.gethostname()
@@ -337,10 +459,10 @@ def prune_stale_worktrees(repo: "RepoInfo | str | os.PathLike[str]", cache_dir: 
         if h != host or not pid.isdigit() or pid_alive(int(pid)) or in_use(d):
             continue
         for wt in sorted(d.iterdir()) if d.is_dir() else ():
-            _git(["worktree", "remove", "--force", str(wt)], info.root, check=False)
+            _run(g, "worktree", "remove", "--force", str(wt), check=False)
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
-    _git(["worktree", "prune"], info.root, check=False)
+    _run(g, "worktree", "prune", check=False)
     return removed
 
 
@@ -353,7 +475,8 @@ class WorktreePool:
     switched with ``git checkout --detach --force`` and ``git clean -ffdx``, so nothing a
     previous probe wrote survives. ``close()`` (or leaving ``with WorktreePool(...)``)
     removes every worktree of the pool, also after an exception or KeyboardInterrupt.
-    Thread-safe: K probes may check out K worktrees at once.
+    Thread-safe: K probes may check out K worktrees at once. Git commands run through
+    GitPython's command wrapper (``_Git``); the pool holds no ``git.Repo``, so no process.
 
     Args:
         repo: the repository (``RepoInfo`` or a path inside it).
@@ -364,12 +487,11 @@ class WorktreePool:
     """
 
     def __init__(self, repo: "RepoInfo | str | os.PathLike[str]", *, cache_dir: str | os.PathLike[str] | None = None, reuse: bool = True, submodules: bool = True) -> None:
-        import threading
-
         self.repo = _info(repo)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.repo)
         self.reuse = reuse
         self.submodules = submodules
+        self._git = _Git(self.repo.root)
         self._lock = threading.Lock()
         self._free: list[Path] = []
         self._all: list[Path] = []
@@ -406,7 +528,7 @@ class WorktreePool:
         for wt in trees:
             self._remove(wt)
         shutil.rmtree(self._home, ignore_errors=True)
-        _git(["worktree", "prune"], self.repo.root, check=False)
+        _run(self._git, "worktree", "prune", check=False)
 
     @property
     def worktrees(self) -> tuple[Path, ...]:
@@ -439,28 +561,31 @@ class WorktreePool:
         if made:
             remove_links(made)
 
-    def _acquire(self, commit: str) -> Path:
+    def _take(self) -> tuple[Path, bool]:
+        """A free worktree of the pool, or the path of a new one; and whether it is new."""
         with self._lock:
             if self._closed:
                 raise ProbeError("this worktree pool is closed")
-            wt = self._free.pop() if self._free else None
-            if wt is None:
-                self._n += 1
-                wt = self._home / f"wt{self._n}"
-                self._all.append(wt)
-                new = True
-            else:
-                new = False
+            if self._free:
+                return self._free.pop(), False
+            self._n += 1
+            wt = self._home / f"wt{self._n}"
+            self._all.append(wt)
+            return wt, True
+
+    def _acquire(self, commit: str) -> Path:
+        wt, new = self._take()
         try:
             if new:
-                _git(["worktree", "add", "--detach", "--force", str(wt), commit], self.repo.root)
-            else:
-                _git(["checkout", "--detach", "--force", "--quiet", commit], wt)
-                _git(["clean", "-ffdxq"], wt)
+                _run(self._git, "worktree", "add", "--detach", "--force", str(wt), commit)
+            g = _Git(wt)
+            if not new:
+                _run(g, "checkout", "--detach", "--force", "--quiet", commit)
+                _run(g, "clean", "-ffdxq")
             if self.submodules and (wt / ".gitmodules").is_file():
-                _git(["submodule", "update", "--init", "--recursive", "--force", "--quiet"], wt)
+                _run(g, "submodule", "update", "--init", "--recursive", "--force", "--quiet")
                 if not new:
-                    _git(["submodule", "foreach", "--recursive", "--quiet", "git clean -ffdxq"], wt, check=False)
+                    _run(g, "submodule", "foreach", "--recursive", "--quiet", "git clean -ffdxq", check=False)
         except BaseException as e:
             with self._lock:
                 if wt in self._all:
@@ -483,10 +608,10 @@ class WorktreePool:
     def _remove(self, wt: Path) -> None:
         self._drop_links(wt)  # unlink the user's data first: removal never goes through a link
         if wt.exists():
-            _git(["worktree", "remove", "--force", "--force", str(wt)], self.repo.root, check=False)
+            _run(self._git, "worktree", "remove", "--force", "--force", str(wt), check=False)
         if wt.exists():  # removal failed half-way: drop the registration of the gone folder
             shutil.rmtree(wt, ignore_errors=True)
-            _git(["worktree", "prune"], self.repo.root, check=False)
+            _run(self._git, "worktree", "prune", check=False)
 
 
 @contextlib.contextmanager
@@ -607,7 +732,7 @@ def session_lock(
 ) -> Iterator[Path]:
     """Hold the repository's session lock for the duration of the block.
 
-    The lock is an ``fcntl.flock`` on ``<common git dir>/reprobisect/core/session.lock``, so
+    The lock is an ``fcntl.flock`` on ``<common git dir>/reprobisect/session.lock``, so
     two sessions started from different worktrees of one repository exclude each other,
     and a killed session releases it (the kernel drops the lock with the process). A
     second session calls ``on_wait`` once with a message naming the holder, waits up to
@@ -685,7 +810,7 @@ def archive(repo: "RepoInfo | str | os.PathLike[str]", commit: str, *, submodule
     """
     info = _info(repo)
     h = resolve(info, commit)
-    data = _git(["archive", "--format=tar", h], info.root, text=False).stdout
+    data = _run(_Git(info.root), "archive", "--format=tar", h, binary=True).out
     if not submodules or not has_submodules(info, h):
         return data
     out = io.BytesIO()
@@ -707,25 +832,35 @@ def _copy_tar(data: bytes, dst: tarfile.TarFile, prefix: str) -> None:
             dst.addfile(m, f)
 
 
+def _gitlinks(repo_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """(path, pinned commit) of every submodule entry in ``commit``'s tree."""
+    with _opened(repo_dir) as r:
+        tree = r.commit(commit).tree
+        return [(sm.path, sm.hexsha) for sm in tree.traverse(predicate=lambda i, _d: i.type == "submodule")]
+
+
+def _has_commit(sub_dir: Path, sha: str) -> bool:
+    """True when the repository checked out at ``sub_dir`` (its own ``.git``) holds commit ``sha``."""
+    if not (sub_dir / ".git").exists():
+        return False
+    try:
+        with _opened(sub_dir) as r:  # its own .git is found first
+            return r.commit(sha).type == "commit"
+    except (UsageError, BadName, BadObject, ValueError):
+        return False
+
+
 def _add_submodules(repo_dir: Path, commit: str, prefix: str, dst: tarfile.TarFile) -> None:
-    tree = _git(["ls-tree", "-r", "-z", commit], repo_dir).stdout
-    for entry in tree.split("\0"):
-        if not entry:
-            continue
-        meta, _, path = entry.partition("\t")
-        mode, kind, sub_commit = meta.split()
-        if mode != "160000":
-            continue
+    for path, sub_commit in _gitlinks(repo_dir, commit):
         sub_dir = repo_dir / path
-        proc = _git(["cat-file", "-e", f"{sub_commit}^{{commit}}"], sub_dir, check=False) if (sub_dir / ".git").exists() else None
-        if proc is None or proc.returncode != 0:
+        if not _has_commit(sub_dir, sub_commit):
             raise ProbeError(
                 f"submodule {prefix}{path} at {sub_commit[:12]} is not available in {repo_dir}; run "
                 "'git submodule update --init --recursive' there, or use an executor with a shared file system"
             )
-        data = _git(["archive", "--format=tar", sub_commit], sub_dir, text=False).stdout
+        data = _run(_Git(sub_dir), "archive", "--format=tar", sub_commit, binary=True).out
         _copy_tar(data, dst, f"{prefix}{path}/")
-        if _git(["cat-file", "-e", f"{sub_commit}:.gitmodules"], sub_dir, check=False).returncode == 0:
+        if has_submodules(sub_dir, sub_commit):
             _add_submodules(sub_dir, sub_commit, f"{prefix}{path}/", dst)
 
 
@@ -743,99 +878,3 @@ def extract(data: bytes, dest: str | os.PathLike[str]) -> Path:
         except tarfile.FilterError as e:
             raise ProbeError(f"refusing to extract an archive member outside {d}: {e}") from None
     return d
-
-
-# --------------------------------------------------------------------------- DVC
-@dataclass(frozen=True)
-class DvcResult:
-    """What ``dvc_pull_at`` did; truthy unless DVC data was expected and could not be restored."""
-
-    status: str
-    """``none`` (no DVC project), ``checked_out`` (from the shared cache), ``pulled`` (from a remote), ``failed``."""
-    detail: str = ""
-    wall_s: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.status != "failed"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _dvc_cache_of(project: Path) -> Path | None:
-    """The cache dir a DVC project uses when set in its config files (relative to ``.dvc``)."""
-    import configparser
-
-    for name in ("config.local", "config"):
-        cfg = configparser.ConfigParser()
-        try:
-            cfg.read(project / ".dvc" / name)
-        except configparser.Error:
-            continue
-        d = cfg.get("cache", "dir", fallback=None) if cfg.has_section("cache") else None
-        if d:
-            d = d.strip().strip("'\"")
-            return (project / ".dvc" / d).resolve() if not os.path.isabs(d) else Path(d)
-    return None
-
-
-def dvc_pull_at(
-    worktree: str | os.PathLike[str],
-    repo: "RepoInfo | str | os.PathLike[str]",
-    *,
-    subdir: str = ".",
-    pull: bool = True,
-    timeout: float | None = 600.0,
-) -> DvcResult:
-    """Restore the DVC-tracked data of a probe worktree, best-effort.
-
-    Finds the DVC project (``.dvc``) at or above ``subdir`` inside ``worktree``, points its
-    cache at the user's (``repo``'s) cache through ``.dvc/config.local`` (untracked, so the
-    worktree stays clean), runs ``dvc checkout``, and when the cache lacks something and
-    ``pull`` is set, ``dvc pull``. Never raises for a DVC failure: the result says
-    ``failed`` with DVC's last line, and the caller decides (a probe would ``skip``).
-    Needs the ``dvc`` extra (``pip install 'reprobisect[dvc]'``).
-    """
-    import importlib.util
-    import sys
-
-    t0 = time.monotonic()
-    wt = Path(worktree).resolve()
-    start = (wt / subdir).resolve()
-    project = None
-    for d in (start, *start.parents):
-        if (d / ".dvc").is_dir():
-            project = d
-            break
-        if d == wt:
-            break
-    if project is None:
-        return DvcResult("none", "no DVC project in the worktree", time.monotonic() - t0)
-    if importlib.util.find_spec("dvc") is None:
-        return DvcResult("failed", "DVC data needs the extra: pip install 'reprobisect[dvc]'", time.monotonic() - t0)
-    rel = project.relative_to(wt)
-    main_project = _info(repo).root / rel
-    cache = _dvc_cache_of(main_project) or (main_project / ".dvc" / "cache")
-    # config.local overrides the tracked config and is ignored by DVC's own .gitignore
-    (project / ".dvc" / "config.local").write_text(f"[cache]\n    dir = {cache}\n")
-    env = dict(os.environ, DVC_NO_ANALYTICS="1")
-
-    def dvc(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True, env=env, timeout=timeout)
-
-    def last_line(p: subprocess.CompletedProcess) -> str:
-        lines = (p.stderr or p.stdout or "").strip().splitlines()
-        return lines[-1] if lines else f"exit {p.returncode}"
-
-    try:
-        co = dvc("checkout", "-q")
-        if co.returncode == 0:
-            return DvcResult("checked_out", f"from the cache {cache}", time.monotonic() - t0)
-        if not pull:
-            return DvcResult("failed", f"dvc checkout: {last_line(co)}", time.monotonic() - t0)
-        pl = dvc("pull", "-q")
-        if pl.returncode == 0:
-            return DvcResult("pulled", "from the DVC remote", time.monotonic() - t0)
-        return DvcResult("failed", f"dvc checkout: {last_line(co)}; dvc pull: {last_line(pl)}", time.monotonic() - t0)
-    except subprocess.TimeoutExpired:
-        return DvcResult("failed", f"dvc did not finish within {timeout:g} s", time.monotonic() - t0)

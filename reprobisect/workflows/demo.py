@@ -18,12 +18,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+from reprobisect.core.options import ProbeOptions
+from reprobisect.errors import UsageError
+from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
 __all__ = ["DemoRepo", "build_demo_repo", "run_demo", "DEMO_COMMAND", "TRAIN_PY"]
 
@@ -231,6 +234,101 @@ def _git(root: Path, *args: str, env: dict[str, str] | None = None) -> str:
 _AUTHORS = [("Ada Park", "ada@example.com"), ("Ben Ortiz", "ben@example.com"), ("Chen Wu", "chen@example.com")]
 
 
+class _History:
+    """Commits to the demo repository: a fixed clock (7 hours a commit) and rotating authors,
+    so the same plan always gives the same hashes."""
+
+    def __init__(self, root: Path, proj: Path) -> None:
+        self.root, self.proj = root, proj
+        self.clock = 1_700_000_000
+        self.subjects: list[str] = []
+
+    def commit(self, subject: str) -> str:
+        self.clock += 3600 * 7
+        name, email = _AUTHORS[len(self.subjects) % len(_AUTHORS)]
+        date = f"@{self.clock} +0000"
+        env = {
+            "GIT_AUTHOR_NAME": name,
+            "GIT_AUTHOR_EMAIL": email,
+            "GIT_AUTHOR_DATE": date,
+            "GIT_COMMITTER_NAME": name,
+            "GIT_COMMITTER_EMAIL": email,
+            "GIT_COMMITTER_DATE": date,
+        }
+        _git(self.root, "add", "-A", env=env)
+        _git(self.root, "commit", "-q", "-m", subject, env=env)
+        h = _git(self.root, "rev-parse", "HEAD")
+        self.subjects.append(subject)
+        return h
+
+    def edit_and_commit(self, subject: str, edit: Edit) -> str:
+        edit(self.proj)
+        return self.commit(subject)
+
+    def merge(self, branch: str) -> str:
+        """Merge ``branch`` into the checked-out branch with ``--no-ff``, an hour later."""
+        self.clock += 3600
+        subject = f"Merge branch '{branch}'"
+        date = f"@{self.clock} +0000"
+        _git(self.root, "merge", "-q", "--no-ff", "-m", subject, branch,
+             env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+        self.subjects.append(subject)
+        return _git(self.root, "rev-parse", "HEAD")
+
+
+def _init_demo_repo(root: Path, subdir: str) -> Path:
+    """A new git repository at ``root`` with the project's files in ``subdir`` (not committed yet)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        raise UsageError(f"{root} is not empty; give --dir a new or empty folder")
+    proj = root / subdir
+    proj.mkdir(parents=True, exist_ok=True)
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "config", "user.name", "Demo")
+    _git(root, "config", "user.email", "demo@example.com")
+    _git(root, "config", "commit.gpgsign", "false")
+    (proj / "train.py").write_text(TRAIN_PY)
+    (proj / "model.py").write_text(MODEL_PY)
+    (proj / "README.md").write_text(README_MD)
+    return proj
+
+
+def _plan(
+    n_commits: int, culprit_at: int, broken_at: int | None, broken_fixed: bool,
+    culprit_edit: tuple[str, Edit], neutral: Iterator[tuple[str, Edit]],
+) -> list[tuple[str, Edit, str]]:
+    """(subject, edit, kind) of commits 1..n_commits; kind is '', 'culprit', 'culprit+fix', 'broken' or 'fix'."""
+    plan: list[tuple[str, Edit, str]] = []
+    for i in range(1, n_commits + 1):
+        if i == culprit_at and broken_at is not None and i == broken_at + 1:
+            subject, e1 = culprit_edit
+            plan.append((subject, (lambda r, e1=e1: (e1(r), _FIX[1](r))), "culprit+fix"))
+        elif i == culprit_at:
+            plan.append((*culprit_edit, "culprit"))
+        elif broken_at is not None and i == broken_at:
+            plan.append((*_BROKEN, "broken"))
+        elif broken_at is not None and broken_fixed and i == broken_at + 1:
+            plan.append((*_FIX, "fix"))
+        else:
+            s, e = next(neutral)
+            plan.append((s, e, ""))
+    return plan
+
+
+def _culprit_on_branch(
+    history: _History, subject: str, edit: Edit, neutral: Iterator[tuple[str, Edit]]
+) -> tuple[str, list[str], list[str]]:
+    """The culprit and a neutral commit on branch ``feature``, a neutral commit on main, the
+    merge; returns (culprit, the branch's commits, main's new commits)."""
+    _git(history.root, "checkout", "-q", "-b", "feature")
+    culprit = history.edit_and_commit(subject, edit)
+    branch = [culprit, history.edit_and_commit(*next(neutral))]
+    _git(history.root, "checkout", "-q", "main")
+    main = [history.edit_and_commit(*next(neutral))]
+    main.append(history.merge("feature"))
+    return culprit, branch, main
+
+
 def build_demo_repo(
     path: str | os.PathLike,
     *,
@@ -256,86 +354,21 @@ def build_demo_repo(
     """
     culprit_edit = _CULPRITS[culprit_kind]
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    if any(root.iterdir()):
-        from reprobisect.errors import UsageError
-
-        raise UsageError(f"{root} is not empty; give --dir a new or empty folder")
-    proj = root / subdir
-    proj.mkdir(parents=True, exist_ok=True)
-    _git(root, "init", "-q", "-b", "main")
-    _git(root, "config", "user.name", "Demo")
-    _git(root, "config", "user.email", "demo@example.com")
-    _git(root, "config", "commit.gpgsign", "false")
-    (proj / "train.py").write_text(TRAIN_PY)
-    (proj / "model.py").write_text(MODEL_PY)
-    (proj / "README.md").write_text(README_MD)
-
-    clock = [1_700_000_000]
-
-    def commit(subject: str) -> str:
-        clock[0] += 3600 * 7
-        name, email = _AUTHORS[len(subjects) % len(_AUTHORS)]
-        date = f"@{clock[0]} +0000"
-        env = {
-            "GIT_AUTHOR_NAME": name,
-            "GIT_AUTHOR_EMAIL": email,
-            "GIT_AUTHOR_DATE": date,
-            "GIT_COMMITTER_NAME": name,
-            "GIT_COMMITTER_EMAIL": email,
-            "GIT_COMMITTER_DATE": date,
-        }
-        _git(root, "add", "-A", env=env)
-        _git(root, "commit", "-q", "-m", subject, env=env)
-        h = _git(root, "rev-parse", "HEAD")
-        subjects.append(subject)
-        return h
-
-    subjects: list[str] = []
-    commits = [commit("initial: MLP classifier on generated data")]
-    plan: list[tuple[str, Edit, str]] = []
+    history = _History(root, _init_demo_repo(root, subdir))
+    commits = [history.commit("initial: MLP classifier on generated data")]
     neutral = iter(_NEUTRAL * 4)
-    i = 1
-    while i <= n_commits:
-        if i == culprit_at and broken_at is not None and i == broken_at + 1:
-            subject, e1 = culprit_edit
-            plan.append((subject, (lambda r, e1=e1: (e1(r), _FIX[1](r))), "culprit+fix"))
-        elif i == culprit_at:
-            plan.append((*culprit_edit, "culprit"))
-        elif broken_at is not None and i == broken_at:
-            plan.append((*_BROKEN, "broken"))
-        elif broken_at is not None and broken_fixed and i == broken_at + 1:
-            plan.append((*_FIX, "fix"))
-        else:
-            s, e = next(neutral)
-            plan.append((s, e, ""))
-        i += 1
-
+    plan = _plan(n_commits, culprit_at, broken_at, broken_fixed, culprit_edit, neutral)
     culprit = ""
     broken: list[str] = []
     branch_commits: list[str] = []
     open_broken = False
-    for idx, (subject, edit, kind) in enumerate(plan, 1):
+    for subject, edit, kind in plan:
         if culprit_on_branch and kind.startswith("culprit"):
-            _git(root, "checkout", "-q", "-b", "feature")
-            edit(proj)
-            culprit = commit(subject)
-            branch_commits.append(culprit)
-            s, e = next(neutral)
-            e(proj)
-            branch_commits.append(commit(s))
-            _git(root, "checkout", "-q", "main")
-            s, e = next(neutral)
-            e(proj)
-            commits.append(commit(s))
-            clock[0] += 3600
-            _git(root, "merge", "-q", "--no-ff", "-m", "Merge branch 'feature'", "feature",
-                 env={"GIT_AUTHOR_DATE": f"@{clock[0]} +0000", "GIT_COMMITTER_DATE": f"@{clock[0]} +0000"})
-            subjects.append("Merge branch 'feature'")
-            commits.append(_git(root, "rev-parse", "HEAD"))
+            culprit, branch, main = _culprit_on_branch(history, subject, edit, neutral)
+            branch_commits += branch
+            commits += main
             continue
-        edit(proj)
-        h = commit(subject)
+        h = history.edit_and_commit(subject, edit)
         commits.append(h)
         if kind.startswith("culprit"):
             culprit = h
@@ -348,7 +381,7 @@ def build_demo_repo(
     return DemoRepo(
         path=root,
         commits=tuple(commits),
-        subjects=tuple(subjects),
+        subjects=tuple(history.subjects),
         culprit=culprit,
         broken=tuple(broken),
         good=commits[0],
@@ -371,9 +404,6 @@ def run_demo(
     Returns ``(DemoRepo, RunsResult)``. A tmp dir is removed afterwards unless ``keep``;
     a given ``directory`` is always kept. ``on_built`` is called once the repository exists.
     """
-    from reprobisect.core.options import ProbeOptions
-    from reprobisect.workflows.runs import RunsConfig, find_first_bad
-
     tmp = None
     if directory is None:
         tmp = tempfile.mkdtemp(prefix="reprobisect-demo-")
