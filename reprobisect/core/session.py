@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from reprobisect.core.outcome import VerdictKind
 from reprobisect.errors import UsageError
 from reprobisect.trace.jsonsafe import is_int
 from reprobisect.trace.writer import fsync_dir
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 SESSION_VERSION = 1
-EVENT_VERDICTS = ("good", "bad", "skip")
 EVENT_ROLES = ("endpoint", "search", "recheck", "parent")
 
 # Environment variables that change what a training command computes (or how it runs).
@@ -103,8 +103,8 @@ class SessionEvent:
     """One finished probe as the log holds it."""
 
     point: str
-    verdict: str
-    """'good', 'bad' or 'skip' (the search's own terms, whatever the user's terms are)."""
+    verdict: VerdictKind
+    """good, bad or skip (the search's own terms, whatever the user's terms are)."""
     reason: str = ""
     outcome: dict[str, Any] | None = None
     attempts: int = 1
@@ -116,11 +116,14 @@ class SessionEvent:
     """The search round the point was handed out in (search events; replayed, so a resumed
     session counts its rounds from the start)."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", VerdictKind(self.verdict))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "type": "probe",
             "point": self.point,
-            "verdict": self.verdict,
+            "verdict": str(self.verdict),
             "reason": self.reason,
             "outcome": self.outcome,
             "attempts": self.attempts,
@@ -147,8 +150,8 @@ class SessionEvent:
 
         point = typed("point", (str,), required=True)
         verdict = typed("verdict", (str,), required=True)
-        if verdict not in EVENT_VERDICTS:
-            raise ValueError(f"verdict {verdict!r} is not one of {', '.join(EVENT_VERDICTS)}")
+        if verdict not in set(VerdictKind):
+            raise ValueError(f"verdict {verdict!r} is not one of {', '.join(VerdictKind)}")
         role = typed("role", (str,), "search")
         if role not in EVENT_ROLES:
             raise ValueError(f"role {role!r} is not one of {', '.join(EVENT_ROLES)}")
@@ -156,7 +159,7 @@ class SessionEvent:
         rnd = typed("round", (int,), None)
         return cls(
             point=point,
-            verdict=verdict,
+            verdict=VerdictKind(verdict),
             reason=typed("reason", (str,), ""),
             outcome=typed("outcome", (dict,), None),
             attempts=attempts,
@@ -289,11 +292,16 @@ class CacheEntry:
     """A cached probe: its verdict and reason, the outcome, and the cached trace if one was kept."""
 
     key: str
-    verdict: str
+    verdict: VerdictKind | str
+    """good, bad or skip; an entry written with anything else keeps it as it was written."""
     reason: str
     outcome: dict[str, Any] | None
     trace: Path | None
     data: dict[str, Any]
+
+
+def _verdict(v: Any) -> VerdictKind | str:
+    return VerdictKind(v) if isinstance(v, str) and v in set(VerdictKind) else str(v)
 
 
 class ResultCache:
@@ -324,7 +332,7 @@ class ResultCache:
                 return None
         return CacheEntry(
             key=key,
-            verdict=str(d.get("verdict")),
+            verdict=_verdict(d.get("verdict")),
             reason=str(d.get("reason") or ""),
             outcome=d.get("outcome"),
             trace=trace,

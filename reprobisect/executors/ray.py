@@ -20,7 +20,7 @@ How a probe travels:
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
   probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe and
   sets ``CUDA_VISIBLE_DEVICES`` for it, so CUDA state never leaks between probes. The
-  worker runs ``reprobisect.core.probe.run_in_dir`` exactly as the local executor does.
+  worker runs ``reprobisect.executors.process.run_in_dir`` exactly as the local executor does.
 * **Traces stay on the worker's disk.** The task returns the manifest and ``steps.jsonl``
   (small: fingerprints and stats) plus every other file up to ``eager_bytes`` in total.
   The controller writes them to ``out_dir/<key>-a<attempt>`` (the same name the local
@@ -72,8 +72,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
-from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.core.outcome import Outcome
+from reprobisect.core.probe import ProbeResult, ProbeSpec, trace_path
+from reprobisect.core.probe import trace_dir_name as _trace_dir_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from reprobisect.trace.reader import Trace
@@ -83,7 +84,6 @@ __all__ = ["RayExecutor", "RayProbeResult", "PLACEMENTS", "archive_commit"]
 PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}
 """Pair placements and the Ray placement-group strategy each one uses."""
 
-_SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _POLL_S = 0.1
 
 
@@ -93,11 +93,6 @@ def _require_ray():
     except ImportError:  # pragma: no cover - ray is installed in every test environment
         raise UsageError("--executor ray needs Ray: pip install 'reprobisect[ray]'") from None
     return ray
-
-
-def _trace_dir_name(spec: ProbeSpec) -> str:
-    safe = _SAFE.sub("_", spec.key).strip("._") or "probe"
-    return f"{safe}-a{spec.attempt}"
 
 
 @dataclass(frozen=True)
@@ -248,7 +243,7 @@ def _probe_task(
             commit = _extract(value, work)
             workdir = work
         if runner is None:
-            from reprobisect.core.probe import run_in_dir as runner
+            from reprobisect.executors.process import run_in_dir as runner
         made: list[Path] = []
         missing = _linkable(spec, workdir) if kind != "shared" else None
         if missing:
@@ -411,7 +406,7 @@ class RayExecutor:
         ``eager_bytes``: trace bytes copied back with each result (the rest stays on the
         worker until fetched). ``shared_fs``: run specs without a revision in their
         ``workdir`` path on the worker instead of shipping the folder. ``out_dir``/``keep``:
-        as for the local executor. ``runner``: replaces ``reprobisect.core.probe.run_in_dir``
+        as for the local executor. ``runner``: replaces ``reprobisect.executors.process.run_in_dir``
         on the workers (tests, custom probes; must be picklable).
         """
         if placement is not None and placement not in PLACEMENTS:
@@ -702,7 +697,7 @@ class RayExecutor:
         self._wake.set()
 
     def _deadline(self, spec: ProbeSpec) -> float:
-        from reprobisect.core.probe import KILL_GRACE_S
+        from reprobisect.executors.process import KILL_GRACE_S
 
         budget = spec.timeout + KILL_GRACE_S + self.start_grace_s if spec.timeout else self.max_probe_s
         return time.monotonic() + budget
@@ -915,19 +910,19 @@ class RayExecutor:
                 detail=f"stale code: the worker ran {ran or 'an unknown commit'}, not {expected}; the result is discarded",
             )
         local = None
-        stale_local = self.out_dir / _trace_dir_name(spec)
+        stale_local = trace_path(spec, self.out_dir)
         if not value["has_trace"] and stale_local.exists():  # an earlier execution's copy: not this one's
             shutil.rmtree(stale_local, ignore_errors=True)
         if value["has_trace"]:
-            local = self.out_dir / _trace_dir_name(spec)
-            tmp = self.out_dir / f".{local.name}.tmp-{value['run_id']}"
+            local = trace_path(spec, self.out_dir)
+            tmp = local.parent / f".{local.name}.tmp-{value['run_id']}"
             shutil.rmtree(tmp, ignore_errors=True)
             for rel, data in value["files"].items():
                 p = tmp / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(data)
             if local.exists():
-                old = self.out_dir / f".{local.name}.old-{value['run_id']}"
+                old = local.parent / f".{local.name}.old-{value['run_id']}"
                 os.replace(local, old)
                 shutil.rmtree(old, ignore_errors=True)
             os.replace(tmp, local)

@@ -130,7 +130,8 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
              cwd: str | os.PathLike | None = None) -> EnvsResult:
     """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance)."""
     from reprobisect.core.envdiff import diff_environments
-    from reprobisect.core.probe import compare_traces, retry_once
+    from reprobisect.core.verdict import compare_results as compare_traces
+    from reprobisect.executors.retry import retry as retry_once
     from reprobisect.support.progress import progress
     from reprobisect.workflows.repro import _failed, spec_for
     from reprobisect.trace.reader import read_trace

@@ -22,7 +22,10 @@ from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.core.options import ProbeOptions
-from reprobisect.core.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
+from reprobisect.core.verdict import CHECKS, Verdict, classify
+from reprobisect.core.verdict import compare_results as compare_traces
+from reprobisect.executors.retry import retry as retry_once
+from reprobisect.executors.retry import run_with_retry
 
 __all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "render_repro", "result_json", "spec_for", "render_comparison"]
 

@@ -504,7 +504,8 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
     """
     if not options.full_steps:
         options = replace(options, full_steps=(0,))
-    from reprobisect.core.probe import compare_traces, retry_once
+    from reprobisect.core.verdict import compare_results as compare_traces
+    from reprobisect.executors.retry import retry as retry_once
     from reprobisect.support.progress import progress
     from reprobisect.workflows.repro import _failed, spec_for
     from reprobisect.trace.reader import read_trace
