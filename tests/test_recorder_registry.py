@@ -79,3 +79,16 @@ def test_the_builtin_recorders_and_strict_registration():
         registry.register("empty", (), lambda run: None)
     with pytest.raises(ValueError, match="'nothere' is not registered"):
         registry.unregister("nothere")
+
+
+def test_lightning_activation_notes_a_callback_factory_that_is_not_installed():
+    from types import SimpleNamespace
+
+    from reprobisect.runners import lightning
+
+    run = SimpleNamespace(recorder=SimpleNamespace(notes=[]))
+    # the real group: this environment has reprobisect installed, so its entry point is there
+    lightning.activate(run, {"reprobisect": "lightning.pytorch.callbacks_factory"})
+    assert run.recorder.notes == []
+    lightning.activate(run, {"reprobisect": "no.such.callbacks_factory", "not_imported_pkg": "no.such.group"})
+    assert len(run.recorder.notes) == 1 and run.recorder.notes[0].startswith("reprobisect: reprobisect's Lightning callback")

@@ -23,11 +23,14 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from reprobisect import __version__
 from reprobisect.core.outcome import VerdictKind
 from reprobisect.errors import UsageError
+from reprobisect.trace.format import VERSION
 from reprobisect.trace.jsonsafe import is_int
 from reprobisect.trace.writer import fsync_dir
 
@@ -70,11 +73,6 @@ def probe_environment(python: str | None = None, env: Mapping[str, str] | None =
     another interpreter (``python``) only its path is known here; the trace's manifest
     holds the full record of what actually ran.
     """
-    from importlib import metadata
-
-    from reprobisect import __version__
-    from reprobisect.trace.format import VERSION
-
     interp = python or sys.executable
     out: dict[str, Any] = {"python": interp, "reprobisect": __version__, "trace_format": VERSION}
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):

@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from reprobisect import native
+from reprobisect.runners import lightning
+
 __all__ = ["RecorderEntry", "register", "unregister", "recorders"]
 
 
@@ -65,8 +68,7 @@ def recorders() -> tuple[RecorderEntry, ...]:
 
 def _activate_torch(run: Any) -> Any:
     """The PyTorch recorder (``reprobisect.runners.torch``) with the launcher's policy."""
-    from reprobisect import native
-    from reprobisect.runners.torch import RecordPolicy, TorchRecorder
+    from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # the framework: imported when the script did
 
     ns = run.ns
     policy = RecordPolicy(
@@ -84,13 +86,5 @@ def _activate_torch(run: Any) -> Any:
     return recorder
 
 
-def _activate_lightning(run: Any) -> None:
-    """Lightning records through the torch recorder (its import imports torch first, which
-    activated it); its callback (``reprobisect.runners.lightning``) reaches the Trainer through
-    Lightning's ``callbacks_factory`` entry point, which reads that recorder. Nothing more to
-    install: importing the callback module here makes sure it loads before the Trainer asks."""
-    import reprobisect.runners.lightning  # noqa: F401  (framework-free until a Trainer calls it)
-
-
 register("torch", "torch", _activate_torch)
-register("lightning", ("lightning.pytorch", "pytorch_lightning"), _activate_lightning)
+register("lightning", tuple(lightning.FACTORY_GROUPS), lightning.activate)
