@@ -934,6 +934,7 @@ class RayExecutor:
             host=value["host"],
             stdout_tail=base.stdout_tail,
             stderr_tail=base.stderr_tail,
+            output_tail=base.output_tail,
             node_id=value["node_id"],
             node_ip=value["node_ip"],
             device_type=self._device_type(value["node_id"], value["device"]),

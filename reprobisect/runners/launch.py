@@ -59,7 +59,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from reprobisect import native
-from reprobisect.core.outcome import LAUNCH_EXIT, Outcome
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
 from reprobisect.runners.environment import collect_environment, revision_of
 from reprobisect.runners.registry import RecorderEntry, recorders
@@ -225,14 +225,14 @@ class _Run:
                 try:
                     spec_ok = importlib.util.find_spec(mod) is not None
                 except (ImportError, ValueError) as e:
-                    return Outcome("skip", detail=f"cannot import module '{mod}': {e}")
+                    return Outcome(Status.SKIP, detail=f"cannot import module '{mod}': {e}")
                 if not spec_ok:
-                    return Outcome("skip", detail=f"no module named '{mod}' (python -m {mod} cannot start here)")
+                    return Outcome(Status.SKIP, detail=f"no module named '{mod}' (python -m {mod} cannot start here)")
                 runpy.run_module(mod, run_name="__main__", alter_sys=True)
             else:
                 script = prog[0]
                 if not os.path.exists(script):
-                    return Outcome("skip", detail=f"can't open file '{script}': no such file (python cannot start it here)")
+                    return Outcome(Status.SKIP, detail=f"can't open file '{script}': no such file (python cannot start it here)")
                 sys.argv = list(prog)
                 sys.path[0] = os.path.dirname(os.path.realpath(script))
                 runpy.run_path(script, run_name="__main__")
@@ -258,11 +258,11 @@ class _Run:
                 from reprobisect.runners.torch import _no_update_detail
 
                 why = _no_update_detail(self.recorder.backwards)
-            return Outcome("no_steps", detail=f"the command {how} without an optimizer step: {why}")
+            return Outcome(Status.NO_STEPS, detail=f"the command {how} without an optimizer step: {why}")
         detail = f"recorded {self.steps_done} step(s)"
         if self.steps_done < self.ns.steps:
             detail += f"; the command {how} before --steps {self.ns.steps}"
-        return Outcome("ok", detail=detail)
+        return Outcome(Status.OK, detail=detail)
 
     def _classify(self, e: BaseException) -> Outcome:
         from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
@@ -278,25 +278,25 @@ class _Run:
                 return self._ended("exited (status 0)")
             where = "before the first optimizer step" if step == 0 else f"at step {step}"
             return Outcome(
-                "crashed",
+                Status.CRASHED,
                 detail=f"the command exited with status {code!r} {where}",
                 step=step,
                 traceback=_format_tb(e),
             )
         if isinstance(e, _SKIP_TYPES) and step == 0:
             return Outcome(
-                "skip",
+                Status.SKIP,
                 detail=f"{type(e).__name__}: {e} (before training started: a dependency or import failure, not a training bug)",
                 traceback=_format_tb(e),
             )
         if isinstance(e, KeyboardInterrupt):
-            return Outcome("crashed", detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
+            return Outcome(Status.CRASHED, detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
         traced = _compile_traced_recorder(e)
         if traced is not None:  # torch.compile failed on reprobisect's own hook code: ours, not the program's
-            return Outcome("infra", step=step, traceback=_format_tb(e), detail=(
+            return Outcome(Status.INFRA, step=step, traceback=_format_tb(e), detail=(
                 f"torch.compile failed while tracing reprobisect's recorder hooks at step {step} ({traced}); "
                 "a reprobisect bug, not your program's: this probe is no evidence either way"))
-        return Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
+        return Outcome(Status.CRASHED, detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
 
     def seal(self, outcome: Outcome) -> None:
         environment: dict[str, Any] = {}
@@ -331,7 +331,7 @@ class _Run:
             trace=os.path.abspath(self.ns.trace),
             wall_s=round(time.monotonic() - self.t0, 3),
         )
-        status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
+        status = "complete" if outcome.status in (Status.OK, Status.NONFINITE) else "failed"
         self.writer.close(
             status,
             outcome=outcome.to_json(),
@@ -361,9 +361,10 @@ class _Run:
 def _stop_outcome(stop: Any) -> Outcome:
     """How a run the recorder stopped ended: ``ok``, ``nonfinite``, or ``infra`` when the
     recorder itself failed (never the program's crash: see runners.torch._hook)."""
-    status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra", "no_steps": "no_steps"}[stop.reason]
-    return Outcome(status, detail=stop.detail, step=None if status in ("ok", "no_steps") else stop.step,
-                   traceback=getattr(stop, "traceback", None) if status == "infra" else None)
+    status = {"ok": Status.OK, "nonfinite": Status.NONFINITE, "recorder_error": Status.INFRA,
+              "no_steps": Status.NO_STEPS}[stop.reason]
+    return Outcome(status, detail=stop.detail, step=None if status in (Status.OK, Status.NO_STEPS) else stop.step,
+                   traceback=getattr(stop, "traceback", None) if status is Status.INFRA else None)
 
 
 def _compile_traced_recorder(e: BaseException) -> str | None:
@@ -403,9 +404,9 @@ def run(argv: Sequence[str]) -> int:
 
 def _say(outcome: Outcome, steps: int) -> None:
     trace = outcome.trace
-    if outcome.status == "ok":
+    if outcome.status is Status.OK:
         msg = f"reprobisect: ok, {steps} step(s) recorded into {trace}"
-    elif outcome.status == "no_steps":
+    elif outcome.status is Status.NO_STEPS:
         msg = f"reprobisect: no_steps: {outcome.detail}"
     else:
         msg = f"reprobisect: {outcome} (trace {trace})"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reprobisect.core.checks import check_number
-from reprobisect.core.outcome import Outcome
+from reprobisect.core.outcome import Outcome, Status
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import Executor
@@ -32,7 +32,8 @@ from reprobisect.trace.outdir import check_trace_target
 __all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
 
 # exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError)
-EXIT_CODES = {"ok": 0, "skip": 125, "crashed": 1, "nonfinite": 1, "no_steps": 1, "timeout": 1, "infra": 1}
+EXIT_CODES = {Status.OK: 0, Status.SKIP: 125, Status.CRASHED: 1, Status.NONFINITE: 1, Status.NO_STEPS: 1,
+              Status.TIMEOUT: 1, Status.INFRA: 1}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,10 +182,11 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
 def _show_output(result: ProbeResult) -> None:
     """The command's output once it ended (an executor that ran it elsewhere could not stream it)."""
     log = Path(result.trace_dir) / OUTPUT_LOG if result.trace_dir else None
+    tail = (result.output_tail or result.stdout_tail + result.stderr_tail).encode()
     try:
-        data = log.read_bytes() if log is not None and log.is_file() else result.output_tail.encode()
+        data = log.read_bytes() if log is not None and log.is_file() else tail
     except OSError:
-        data = result.output_tail.encode()
+        data = tail
     out = getattr(sys.stdout, "buffer", None)
     if out is not None and data:
         out.write(data)
