@@ -18,7 +18,7 @@ each one is given only when the evidence makes its cause plausible:
 
 ``compare_traces`` stores ``lr_note`` and ``divergence_hints`` on the ``Comparison``
 (``explanation``, ``hints``); ``render`` prints them, so ``compare``, ``repro``, ``probe``
-and ``runs`` say the same thing. ``missing_link_hint`` runs in ``probe.run_in_dir``.
+and ``runs`` say the same thing. ``missing_link_hint`` runs in ``executors.process.run_in_dir``.
 Pure: no framework import; reads only the traces' manifests and step scalars.
 """
 
