@@ -61,8 +61,9 @@ class ProbeSpec:
     appear in the probe's worktree as symlinks to the user's checkout (never copied)."""
     trace_dir: str | None = None
     """Controller-side folder the trace goes to (``bisect capture -o``, zoom's ``a.trace``);
-    None: the executor's own folder, ``<out_dir>/<key>-a<attempt>`` (``trace_path``). A
-    folder named here is replaced only when it is new, empty or a trace (the trace writer checks)."""
+    None: the executor's own folder, ``<out_dir>/<key>-a<attempt>`` (``trace_path``). The
+    caller checks a folder named here first (``trace.outdir.check_trace_target``): an
+    executor replaces it with the probe's trace and never deletes it beforehand."""
     echo: bool = False
     """Stream the command's output live to this process's terminal while it runs
     (``bisect capture``); executors that run it elsewhere keep it in the result only."""
