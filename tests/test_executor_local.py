@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from reprobisect.executors import make_executor
-from reprobisect.executors.base import Executor, ProbeSpec
-from reprobisect.executors.local import LocalExecutor, trace_dir_name
-from reprobisect.core.probe import run_with_retry
+from reprobisect.core.probe import ProbeSpec, trace_dir_name
+from reprobisect.executors.base import Executor
+from reprobisect.executors.local import LocalExecutor
+from reprobisect.executors.retry import run_with_retry
 
 PY = sys.executable
 

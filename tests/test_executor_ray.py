@@ -259,6 +259,37 @@ def test_traces_stay_remote_until_fetched(cluster, tmp_path):
         read_trace(ex.pull(res))  # every file local: the full validating reader accepts it
 
 
+def _make_chatty_runner():
+    """``RUNNER`` plus some output of the command (closure: Ray pickles it by value)."""
+    inner = RUNNER
+
+    def runner(spec, workdir, trace_dir):
+        from dataclasses import replace as _replace
+
+        return _replace(inner(spec, workdir, trace_dir), output_tail="epoch 0 loss 1.0 (printed on the worker)\n")
+
+    return runner
+
+
+def test_capture_through_the_ray_executor_writes_the_o_folder_and_shows_the_output(cluster, tmp_path, capfd):
+    """bisect capture as a probe on Ray: the trace lands in -o (replacing an earlier trace
+    there), and the command's output, which could not stream live, is shown when it ended."""
+    from reprobisect.workflows.capture import CaptureConfig, capture
+
+    work = _folder(tmp_path, "w", value="4.0")
+    out = tmp_path / "run.trace"
+    with RayExecutor(runner=_make_chatty_runner(), out_dir=tmp_path / "ray-out") as ex:
+        first = capture(["python", "train.py"], out, CaptureConfig(steps=2), cwd=work, executor=ex)
+        assert first and first.trace == str(out), first.outcome
+        assert read_trace(out).step(0).scalars["loss"] == 4.0
+        assert "epoch 0 loss 1.0 (printed on the worker)" in capfd.readouterr().out
+        (work / "value.txt").write_text("5.0")
+        again = capture(["python", "train.py"], out, CaptureConfig(steps=2, quiet=True), cwd=work, executor=ex)
+        assert again and read_trace(out).step(0).scalars["loss"] == 5.0
+        assert "printed on the worker" not in capfd.readouterr().out  # quiet: nothing shown
+    assert not (tmp_path / "ray-out" / "capture-a0").exists()  # the executor's own folder was not used
+
+
 # --------------------------------------------------------------------------- pairs
 
 

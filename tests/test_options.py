@@ -191,7 +191,7 @@ def test_the_other_tables_agree_with_the_one_table():
     """Until probe.py, outcome.py and capture.py read ``reprobisect.exitcodes`` themselves
     (issue 11, the "probe" part), their codes must be the table's."""
     from reprobisect.core.outcome import LAUNCH_EXIT
-    from reprobisect.core.probe import Verdict
+    from reprobisect.core.verdict import Verdict
     from reprobisect.exitcodes import LaunchExit
     from reprobisect.workflows.capture import EXIT_CODES
 

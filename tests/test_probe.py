@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import UsageError
-from reprobisect.executors.base import ProbeResult, ProbeSpec
+from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.executors.local import LocalExecutor
 from reprobisect.core.outcome import Outcome
-from reprobisect.core.probe import TAIL_BYTES, Verdict, classify, launch_argv, run_in_dir
+from reprobisect.core.verdict import Verdict, classify
+from reprobisect.executors.process import TAIL_BYTES, launch_argv, run_in_dir
 
 PY = sys.executable
 

@@ -19,7 +19,7 @@ from reprobisect.cli import main
 from reprobisect.core.compare import Tolerance, compare_paths
 from reprobisect.core.envdiff import diff_environments
 from reprobisect.core.outcome import Outcome
-from reprobisect.core.probe import Verdict
+from reprobisect.core.verdict import Verdict
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.trace import TraceWriter, read_trace, record_array
 from reprobisect.render import (

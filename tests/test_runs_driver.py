@@ -24,7 +24,7 @@ import pytest
 from reprobisect.core.compare import Comparison, Tolerance
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.outcome import Outcome
-from reprobisect.core.probe import compare_traces
+from reprobisect.core.verdict import compare_results
 from reprobisect.errors import ProbeError
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
 from reprobisect.render.runs import divergence_place
@@ -306,9 +306,9 @@ def test_the_session_log_holds_every_judged_probe_by_role(history, tmp_path):
 def test_divergence_place_says_what_a_structure_only_difference_is(tmp_path):
     for name, at in (("a", None), ("b", "bad@1")):
         _write_trace(tmp_path / name, at or "good")
-    comp = compare_traces(tmp_path / "a", tmp_path / "b", "bitwise")
+    comp = compare_results(tmp_path / "a", tmp_path / "b", "bitwise")
     assert divergence_place(comp, structure_only=None) == "step 1 · param · fc.weight"
-    assert divergence_place(compare_traces(tmp_path / "a", tmp_path / "a"), structure_only="structure") is None
+    assert divergence_place(compare_results(tmp_path / "a", tmp_path / "a"), structure_only="structure") is None
     # traces that differ in structure only (no tensor diverges): no place for runs, "structure" for repro
     only = Comparison(a="a", b="b", tolerance=Tolerance(), tolerance_reason="", env=(), steps_a=(0,), steps_b=(0, 1),
                       steps_compared=1, records_compared=1, first=None, structure="A has 1 step(s), B has 2")

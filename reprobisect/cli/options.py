@@ -36,7 +36,8 @@ from reprobisect.executors import EXECUTORS, ExecutorFlag, executor_kind
 from reprobisect.trace.outdir import prepare_output_dir
 
 __all__ = ["FiniteFloat", "POSITIVE_SECONDS", "NON_NEGATIVE", "parse_steps", "load_config", "build_options",
-           "tolerance_from", "tolerance_options", "probe_options", "capture_options", "link_option", "split_command"]
+           "tolerance_from", "tolerance_options", "probe_options", "capture_options", "executor_options", "link_option",
+           "split_command"]
 
 
 class FiniteFloat(click.ParamType):
@@ -297,8 +298,8 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _apply(wrapper, [
         _STEPS,
         _TIMEOUT,
-        click.option("--executor", type=click.Choice(list(EXECUTORS)), default=None, help="Where probes run [default: local]."),
-        click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 1]."),
+        _EXECUTOR,
+        _JOBS,
         *tolerance_options("bitwise (envs: default)"),
         click.option("--keep", is_flag=True, default=None, help="Keep the probes' traces."),
         click.option("-o", "--out", type=click.Path(file_okay=False), default=None, help="Folder for the traces (kept)."),
@@ -309,25 +310,43 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ])
 
 
-_CAPTURE_SHARED = ("steps", "timeout", "full_steps", "quiet")
+_EXECUTOR = click.option("--executor", type=click.Choice(list(EXECUTORS)), default=None,
+                         help="Where the probes run [default: local].")
+_JOBS = click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 1].")
+_CAPTURE_SHARED = ("steps", "timeout", "full_steps", "quiet", "executor")
 
 
 def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Add the shared flags that apply to one recorded run (``--steps``, ``--timeout``,
-    ``--full-steps``, ``--quiet``) and ``--config`` to ``capture``, with the same meaning,
-    checks and config-file keys as on the probing commands (other known keys of the file
-    are ignored: they are about probing). The command receives ``shared: dict``."""
+    ``--full-steps``, ``--quiet``, ``--executor`` and its executor's flags) and ``--config``
+    to ``capture``, with the same meaning, checks and config-file keys as on the probing
+    commands (other known keys of the file are ignored: they are about probing). The command
+    receives ``options: ProbeOptions``."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        values = _values(_pop_cli(kwargs, _CAPTURE_SHARED), kwargs.pop("config"))
-        defaults = ProbeOptions()
-        kwargs["shared"] = {n: values.get(n, getattr(defaults, n)) for n in _CAPTURE_SHARED}
+        kwargs["options"] = build_options(_pop_cli(kwargs, _CAPTURE_SHARED), kwargs.pop("config"))
         return f(*args, **kwargs)
 
     quiet = click.option("-q", "--quiet", is_flag=True, default=None,
                          help="Do not stream the command's output (it is kept in the trace's output.log).")
-    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, quiet, _CONFIG])
+    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, quiet, _EXECUTOR, *_executor_flag_options(), _CONFIG])
+
+
+def executor_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--executor``, ``--jobs`` and each executor's flags to a command that runs probes only
+    now and then (``compare --zoom``: its two re-runs, at once by default); the command receives
+    ``options: ProbeOptions``."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cli = _pop_cli(kwargs, ("executor", "jobs"))
+        cli["jobs"] = 2 if cli.get("jobs") is None else cli["jobs"]
+        kwargs["options"] = build_options(cli)
+        return f(*args, **kwargs)
+
+    jobs = click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 2].")
+    return _apply(wrapper, [_EXECUTOR, jobs, *_executor_flag_options()])
 
 
 def link_option(f: Callable[..., Any]) -> Callable[..., Any]:

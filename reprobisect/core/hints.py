@@ -17,8 +17,8 @@ each one is given only when the evidence makes its cause plausible:
                        divergence whose gradients agreed (shown under the divergence).
 
 ``compare_traces`` stores ``lr_note`` and ``divergence_hints`` on the ``Comparison``
-(``explanation``, ``hints``); ``reprobisect.render`` prints them, so ``compare``, ``repro``, ``probe``
-and ``runs`` say the same thing. ``missing_link_hint`` runs in ``probe.run_in_dir``.
+(``explanation``, ``hints``); ``render`` prints them, so ``compare``, ``repro``, ``probe``
+and ``runs`` say the same thing. ``missing_link_hint`` runs in ``executors.process.run_in_dir``.
 Pure: no framework import; reads only the traces' manifests and step scalars.
 """
 

@@ -69,13 +69,6 @@ class ProbeOptions:
         """The tolerance to judge with: the one given, its ``auto`` mode (or none) as ``default``."""
         return (self.tolerance or Tolerance(mode="auto")).resolved(default)
 
-    tolerance_spec = tolerance_for  # TODO(issue 11 merge): alias for runs.py
-
-    def make_executor(self) -> Any:  # TODO(issue 11 merge): alias for runs.py (use executors.executor_for)
-        from reprobisect.executors import executor_for
-
-        return executor_for(self)
-
     def to_json(self) -> dict[str, Any]:
         cfg = self.executor_config
         return {

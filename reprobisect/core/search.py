@@ -46,10 +46,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from reprobisect.core.outcome import VerdictKind
 from reprobisect.errors import ReproError, UsageError
 
 __all__ = [
-    "VERDICTS",
+    "VerdictKind",
     "Bisection",
     "SearchResult",
     "SearchError",
@@ -61,10 +62,9 @@ __all__ = [
 
 P = TypeVar("P", bound=Hashable)
 
-VERDICTS = ("good", "bad", "skip")
-"""Canonical verdicts; ``old``/``new`` and the session's own terms are aliases."""
-
-_ALIASES = {"good": "good", "old": "good", "bad": "bad", "new": "bad", "skip": "skip"}
+GOOD, BAD, SKIP = VerdictKind.GOOD, VerdictKind.BAD, VerdictKind.SKIP
+# the canonical verdicts (``VerdictKind``) by every name they take; the session's own terms join these
+_ALIASES = {"good": GOOD, "old": GOOD, "bad": BAD, "new": BAD, "skip": SKIP}
 
 
 class SearchError(ReproError):
@@ -217,7 +217,7 @@ class Bisection(Generic[P]):
         terms = tuple(terms)  # type: ignore[assignment]
         if len(terms) != 2 or terms[0] == terms[1] or not all(isinstance(t, str) and t for t in terms):
             raise UsageError(f"terms must be two different names for good and bad, got {terms!r}")
-        for t, canon in zip(terms, ("good", "bad")):
+        for t, canon in zip(terms, (GOOD, BAD)):
             if t in _ALIASES and _ALIASES[t] != canon:
                 raise UsageError(
                     f"term '{t}' already means '{_ALIASES[t]}'; pick another name for '{canon}'"
@@ -226,8 +226,8 @@ class Bisection(Generic[P]):
         self.terms: tuple[str, str] = terms  # type: ignore[assignment]
         self.assume_ends = assume_ends
         self._index = index
-        self._aliases = dict(_ALIASES, **{terms[0]: "good", terms[1]: "bad"})
-        self._verdict: dict[int, str] = {}
+        self._aliases = dict(_ALIASES, **{terms[0]: GOOD, terms[1]: BAD})
+        self._verdict: dict[int, VerdictKind] = {}
         self._goods: set[int] = {0} if assume_ends else set()
         self._bads: set[int] = {len(pts) - 1} if assume_ends else set()
         self._in_flight: dict[int, int] = {}  # index -> round it was handed out in
@@ -309,12 +309,12 @@ class Bisection(Generic[P]):
             return False
         return all(i in self._verdict for i in self._candidates()[:-1])
 
-    def verdict(self, point: P) -> str | None:
+    def verdict(self, point: P) -> VerdictKind | None:
         """The canonical verdict given to ``point`` (good/bad/skip), or None."""
         i = self._idx(point)
         if i in self._verdict:
             return self._verdict[i]
-        return "good" if i in self._goods else "bad" if i in self._bads else None
+        return GOOD if i in self._goods else BAD if i in self._bads else None
 
     def remaining(self) -> tuple[P, ...]:
         """Points the first bad one could still be, oldest first."""
@@ -338,7 +338,7 @@ class Bisection(Generic[P]):
 
     def result(self) -> SearchResult[P]:
         """Where the boundary is now (final once ``done``)."""
-        skipped = tuple(self.points[i] for i in sorted(self._verdict) if self._verdict[i] == "skip")
+        skipped = tuple(self.points[i] for i in sorted(self._verdict) if self._verdict[i] is SKIP)
         common = dict(probes=self._probes, rounds=self._rounds, skipped=skipped, terms=self.terms, size=len(self.points))
         if not self.ends_known:
             last_good = self.points[self._lo] if self._goods else None
@@ -413,12 +413,12 @@ class Bisection(Generic[P]):
                 point=point, verdict=canon, other=point, other_verdict=prev,
             )
         if i in (0, n - 1):
-            expected = "good" if i == 0 else "bad"
+            expected = GOOD if i == 0 else BAD
             if canon != expected:
                 which = "--good" if i == 0 else "--bad"
                 hint = (
                     "it could not be tested; pick another endpoint"
-                    if canon == "skip"
+                    if canon is SKIP
                     else "the change is not between the two ends; swap them, widen the range, or use other terms"
                 )
                 raise EndpointError(
@@ -431,30 +431,30 @@ class Bisection(Generic[P]):
             rnd = round
         self._verdict[i] = canon
         self._probes += 1
-        if canon == "good":
+        if canon is GOOD:
             self._goods.add(i)
-        elif canon == "bad":
+        elif canon is BAD:
             self._bads.add(i)
         self.log.append({"point": point, "verdict": canon, "round": rnd})
 
-    def _check(self, i: int, canon: str) -> None:
+    def _check(self, i: int, canon: VerdictKind) -> None:
         point = self.points[i]
-        if canon == "skip":
+        if canon is SKIP:
             return
         if self._anc is None:
-            clash = [b for b in self._bads if b < i] if canon == "good" else [g for g in self._goods if g > i]
-        elif canon == "good":
+            clash = [b for b in self._bads if b < i] if canon is GOOD else [g for g in self._goods if g > i]
+        elif canon is GOOD:
             clash = [b for b in self._bads if self._anc[i] >> b & 1]  # a bad ancestor
         else:
             clash = [g for g in self._goods if self._anc[g] >> i & 1]  # a good descendant
-        if not clash and self._anc is not None and canon == "bad":
+        if not clash and self._anc is not None and canon is BAD:
             mask = self._cand_mask() & self._anc[i]
             if not mask:
                 # not a descendant of the change every other bad point descends from
                 clash = sorted(self._bads)[:1]
         if clash:
-            j = min(clash) if canon == "good" else max(clash)
-            other, other_v = self.points[j], self._verdict.get(j, "good" if j in self._goods else "bad")
+            j = min(clash) if canon is GOOD else max(clash)
+            other, other_v = self.points[j], self._verdict.get(j, GOOD if j in self._goods else BAD)
             rel = "earlier" if j < i else "later"
             raise ContradictionError(
                 f"{point} marked {self._term(canon)} but the {rel} {other} is {self._term(other_v)}: "
@@ -507,15 +507,15 @@ class Bisection(Generic[P]):
         except (KeyError, TypeError):
             raise UsageError(f"{point!r} is not a point of this search") from None
 
-    def _canon(self, verdict: str) -> str:
+    def _canon(self, verdict: str) -> VerdictKind:
         canon = self._aliases.get(verdict)
         if canon is None:
             names = sorted(set(self._aliases))
             raise UsageError(f"unknown verdict '{verdict}' (one of {', '.join(names)})")
         return canon
 
-    def _term(self, canon: str) -> str:
-        return {"good": self.terms[0], "bad": self.terms[1]}.get(canon, canon)
+    def _term(self, canon: VerdictKind) -> str:
+        return {GOOD: self.terms[0], BAD: self.terms[1]}.get(canon, canon)
 
     def _split(self, k: int) -> list[int]:
         """Pick up to k testable candidates that split the candidates k+1 ways.

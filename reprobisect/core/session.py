@@ -23,10 +23,14 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from reprobisect import __version__
+from reprobisect.core.outcome import VerdictKind
 from reprobisect.errors import UsageError
+from reprobisect.trace.format import VERSION
 from reprobisect.trace.jsonsafe import is_int
 from reprobisect.trace.writer import fsync_dir
 
@@ -42,7 +46,6 @@ __all__ = [
 ]
 
 SESSION_VERSION = 1
-EVENT_VERDICTS = ("good", "bad", "skip")
 EVENT_ROLES = ("endpoint", "search", "recheck", "parent")
 
 # Environment variables that change what a training command computes (or how it runs).
@@ -70,11 +73,6 @@ def probe_environment(python: str | None = None, env: Mapping[str, str] | None =
     another interpreter (``python``) only its path is known here; the trace's manifest
     holds the full record of what actually ran.
     """
-    from importlib import metadata
-
-    from reprobisect import __version__
-    from reprobisect.trace.format import VERSION
-
     interp = python or sys.executable
     out: dict[str, Any] = {"python": interp, "reprobisect": __version__, "trace_format": VERSION}
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
@@ -110,8 +108,8 @@ class SessionEvent:
     """One finished probe as the log holds it."""
 
     point: str
-    verdict: str
-    """'good', 'bad' or 'skip' (the search's own terms, whatever the user's terms are)."""
+    verdict: VerdictKind
+    """good, bad or skip (the search's own terms, whatever the user's terms are)."""
     reason: str = ""
     outcome: dict[str, Any] | None = None
     attempts: int = 1
@@ -123,11 +121,14 @@ class SessionEvent:
     """The search round the point was handed out in (search events; replayed, so a resumed
     session counts its rounds from the start)."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", VerdictKind(self.verdict))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "type": "probe",
             "point": self.point,
-            "verdict": self.verdict,
+            "verdict": str(self.verdict),
             "reason": self.reason,
             "outcome": self.outcome,
             "attempts": self.attempts,
@@ -154,8 +155,8 @@ class SessionEvent:
 
         point = typed("point", (str,), required=True)
         verdict = typed("verdict", (str,), required=True)
-        if verdict not in EVENT_VERDICTS:
-            raise ValueError(f"verdict {verdict!r} is not one of {', '.join(EVENT_VERDICTS)}")
+        if verdict not in set(VerdictKind):
+            raise ValueError(f"verdict {verdict!r} is not one of {', '.join(VerdictKind)}")
         role = typed("role", (str,), "search")
         if role not in EVENT_ROLES:
             raise ValueError(f"role {role!r} is not one of {', '.join(EVENT_ROLES)}")
@@ -163,7 +164,7 @@ class SessionEvent:
         rnd = typed("round", (int,), None)
         return cls(
             point=point,
-            verdict=verdict,
+            verdict=VerdictKind(verdict),
             reason=typed("reason", (str,), ""),
             outcome=typed("outcome", (dict,), None),
             attempts=attempts,
@@ -296,11 +297,16 @@ class CacheEntry:
     """A cached probe: its verdict and reason, the outcome, and the cached trace if one was kept."""
 
     key: str
-    verdict: str
+    verdict: VerdictKind | str
+    """good, bad or skip; an entry written with anything else keeps it as it was written."""
     reason: str
     outcome: dict[str, Any] | None
     trace: Path | None
     data: dict[str, Any]
+
+
+def _verdict(v: Any) -> VerdictKind | str:
+    return VerdictKind(v) if isinstance(v, str) and v in set(VerdictKind) else str(v)
 
 
 class ResultCache:
@@ -331,7 +337,7 @@ class ResultCache:
                 return None
         return CacheEntry(
             key=key,
-            verdict=str(d.get("verdict")),
+            verdict=_verdict(d.get("verdict")),
             reason=str(d.get("reason") or ""),
             outcome=d.get("outcome"),
             trace=trace,

@@ -3,9 +3,12 @@
 The embedded default. A probe with ``repo`` + ``revision`` runs in a detached
 ``git worktree`` of that commit (``reprobisect.vcs.git.WorktreePool``: reused between probes,
 cleaned with ``git clean -ffdx``, all removed on ``close()``; the user's checkout is never
-touched; ``spec.links`` appear there as symlinks to the user's files, unlinked first); a probe without one runs in ``spec.workdir`` (or the
-current folder) as it is. Each probe writes its trace straight into
-``out_dir/<key>-a<attempt>`` so retries never share a folder.
+touched; ``spec.links`` appear there as symlinks to the user's files, unlinked first); a
+probe without one runs in ``spec.workdir`` (or the current folder) as it is. Each probe
+writes its trace straight into ``out_dir/<key>-a<attempt>`` so retries never share a
+folder, or into ``spec.trace_dir`` when the spec names one (``bisect capture -o``). The
+child process itself is ``reprobisect.executors.process.run_in_dir``; ``spec.echo``
+streams its output live to this terminal (``live_output``).
 
 Ctrl-C, SIGTERM, SIGHUP (``reprobisect.support.interrupt``): ``close()`` (also on leaving a
 ``with`` block by an exception) kills the process group of every running probe and
@@ -16,30 +19,28 @@ executor that starts (``reprobisect.support.interrupt.make_temp_dir``).
 
 from __future__ import annotations
 
-import re
 import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from reprobisect.core.outcome import Outcome, Status
+from reprobisect.core.probe import ProbeResult, ProbeSpec, trace_path
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.executors.base import ProbeResult, ProbeSpec
-from reprobisect.core.outcome import Outcome
+from reprobisect.executors.process import kill_all_running, run_in_dir, set_owner
+from reprobisect.support.interrupt import make_temp_dir
+from reprobisect.vcs import git
 
-__all__ = ["LocalExecutor", "trace_dir_name"]
-
-
-def trace_dir_name(spec: ProbeSpec) -> str:
-    """The folder name of a probe's trace: its key (made path-safe) and attempt."""
-    safe = re.sub(r"[^A-Za-z0-9._=+-]+", "_", spec.key).strip("._") or "probe"
-    return f"{safe}-a{spec.attempt}"
+__all__ = ["LocalExecutor"]
 
 
 class LocalExecutor:
     """Runs probes in a pool of ``jobs`` threads, each driving one subprocess."""
 
     name = "local"
+    live_output = True
+    """A probe's ``spec.echo`` output reaches this terminal while it runs."""
 
     def __init__(
         self,
@@ -61,8 +62,6 @@ class LocalExecutor:
         if out_dir:
             self.out_dir = Path(out_dir)
         else:  # marked as ours, so a SIGKILL'd session's folder is cleaned by the next start
-            from reprobisect.support.interrupt import make_temp_dir
-
             self.out_dir = make_temp_dir("reprobisect-traces-")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="probe")
@@ -92,8 +91,6 @@ class LocalExecutor:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
-        from reprobisect.core.probe import kill_all_running
-
         # kill until every started probe has ended: one may be between its checkout and
         # its Popen when the first kill goes out
         while True:
@@ -121,11 +118,9 @@ class LocalExecutor:
     # -- one probe
 
     def _run(self, spec: ProbeSpec) -> ProbeResult:
-        from reprobisect.core.probe import run_in_dir, set_owner
-
         set_owner(self)
-        trace_dir = self.out_dir / trace_dir_name(spec)
-        if trace_dir.exists():
+        trace_dir = trace_path(spec, self.out_dir)
+        if trace_dir.exists() and not spec.trace_dir:  # a folder the spec names: the trace writer checks it
             shutil.rmtree(trace_dir)
         if spec.repo and spec.revision:
             pool = self._pool_for(Path(spec.repo))
@@ -133,23 +128,21 @@ class LocalExecutor:
                 cm = pool.checkout(spec.revision, links=spec.links)
                 wt = cm.__enter__()
             except ProbeError as e:
-                return ProbeResult(spec=spec, outcome=Outcome("infra", detail=str(e)))
+                return ProbeResult(spec=spec, outcome=Outcome(Status.INFRA, detail=str(e)))
             except UsageError as e:
-                return ProbeResult(spec=spec, outcome=Outcome("skip", detail=str(e)))
+                return ProbeResult(spec=spec, outcome=Outcome(Status.SKIP, detail=str(e)))
             try:
                 if self._closed:
-                    return ProbeResult(spec=spec, outcome=Outcome("infra", detail="cancelled: the executor was closed"))
-                return run_in_dir(spec, wt, trace_dir)
+                    return ProbeResult(spec=spec, outcome=Outcome(Status.INFRA, detail="cancelled: the executor was closed"))
+                return run_in_dir(spec, wt, trace_dir, echo=spec.echo)
             finally:
                 cm.__exit__(None, None, None)
         workdir = Path(spec.workdir) if spec.workdir else Path.cwd()
-        return run_in_dir(spec, workdir, trace_dir)
+        return run_in_dir(spec, workdir, trace_dir, echo=spec.echo)
 
     # -- worktrees (reprobisect.vcs.git.WorktreePool, one per repository)
 
-    def _pool_for(self, repo: Path):
-        from reprobisect.vcs import git
-
+    def _pool_for(self, repo: Path) -> git.WorktreePool:
         key = repo.resolve()
         with self._lock:
             pool = self._pools.get(key)

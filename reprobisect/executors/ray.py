@@ -20,7 +20,7 @@ How a probe travels:
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
   probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe and
   sets ``CUDA_VISIBLE_DEVICES`` for it, so CUDA state never leaks between probes. The
-  worker runs ``reprobisect.core.probe.run_in_dir`` exactly as the local executor does.
+  worker runs ``reprobisect.executors.process.run_in_dir`` exactly as the local executor does.
 * **Traces stay on the worker's disk.** The task returns the manifest and ``steps.jsonl``
   (small: fingerprints and stats) plus every other file up to ``eager_bytes`` in total.
   The controller writes them to ``out_dir/<key>-a<attempt>`` (the same name the local
@@ -74,7 +74,8 @@ from typing import Any, Callable, Sequence
 from reprobisect.core.checks import check_number
 from reprobisect.core.outcome import Outcome
 from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
-from reprobisect.executors.base import ProbeResult, ProbeSpec
+from reprobisect.core.probe import ProbeResult, ProbeSpec, trace_path
+from reprobisect.core.probe import trace_dir_name as _trace_dir_name
 from reprobisect.executors.flags import ExecutorFlag
 from reprobisect.support.interrupt import make_temp_dir
 from reprobisect.trace.format import FORMAT, VERSION, Manifest, Step, shard_name
@@ -129,8 +130,6 @@ RAY_FLAGS = (
                  "Paired probes on Ray: one node (pack) or two (spread) [default: pack].", choices=tuple(PLACEMENTS)),
 )
 """The flags (and config-file keys) that fill a ``RayConfig``; registered in ``reprobisect.executors``."""
-
-_SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _POLL_S = 0.1
 
 
@@ -140,11 +139,6 @@ def _require_ray():
     except ImportError:  # pragma: no cover - ray is installed in every test environment
         raise UsageError("--executor ray needs Ray: pip install 'reprobisect[ray]'") from None
     return ray
-
-
-def _trace_dir_name(spec: ProbeSpec) -> str:
-    safe = _SAFE.sub("_", spec.key).strip("._") or "probe"
-    return f"{safe}-a{spec.attempt}"
 
 
 @dataclass(frozen=True)
@@ -310,7 +304,7 @@ def _run_unpacked(spec: ProbeSpec, run_spec: ProbeSpec, kind: str, value: Any, w
     """Unpack the code into ``work`` (or use the shared folder), make the links, run the probe
     into ``staging``; the result and the commit the tar named. ``work`` is removed after."""
     if runner is None:
-        from reprobisect.core.probe import run_in_dir as runner  # the probe's own module imports the executors
+        from reprobisect.executors.process import run_in_dir as runner
     commit = None
     shared = kind == "shared"
     try:
@@ -412,7 +406,27 @@ class _Running:
 
 
 class RayExecutor:
-    """Runs probes as Ray tasks; implements the ``Executor`` protocol (plus pairs and fetch)."""
+    """Runs probes as Ray tasks; implements the ``Executor`` protocol (plus pairs and fetch).
+
+    ``address``: None starts a local Ray instance (no dashboard; ``num_cpus``,
+    ``temp_dir``) that ``close()`` shuts down; ``'auto'`` or ``'ray://HOST:PORT'`` joins
+    an existing cluster (left running). ``gpus_per_probe``/``cpus_per_probe``/
+    ``resources``: what each probe task requests. ``max_parallel`` (alias ``jobs``):
+    probes in flight at once, capped by what the cluster can hold. ``max_retries``:
+    Ray's retries of a probe whose worker or node died. ``placement``: the default for
+    ``submit_pair``. ``runtime_env``: the default Ray runtime_env of every probe.
+    ``timeout``: per-probe seconds when a spec has none; ``max_probe_s``: deadline of a
+    probe without any timeout; ``start_grace_s``: extra seconds the controller allows
+    for queueing, worker start and code unpacking before it cancels a task.
+    ``placement_timeout``: seconds to wait for a pair's placement group.
+    ``connect_timeout``: seconds to reach ``HOST:PORT`` of an address before giving up
+    (Ray itself would retry for minutes).
+    ``eager_bytes``: trace bytes copied back with each result (the rest stays on the
+    worker until fetched). ``shared_fs``: run specs without a revision in their
+    ``workdir`` path on the worker instead of shipping the folder. ``out_dir``/``keep``:
+    as for the local executor. ``runner``: replaces ``reprobisect.executors.process.run_in_dir``
+    on the workers (tests, custom probes; must be picklable).
+    """
 
     name = "ray"
 
@@ -443,27 +457,7 @@ class RayExecutor:
         temp_dir: str | None = None,
         runner: Callable[[ProbeSpec, Path, Path], ProbeResult] | None = None,
     ) -> None:
-        """Connect to (or start) Ray and get ready to run probes.
-
-        ``address``: None starts a local Ray instance (no dashboard; ``num_cpus``,
-        ``temp_dir``) that ``close()`` shuts down; ``'auto'`` or ``'ray://HOST:PORT'`` joins
-        an existing cluster (left running). ``gpus_per_probe``/``cpus_per_probe``/
-        ``resources``: what each probe task requests. ``max_parallel`` (alias ``jobs``):
-        probes in flight at once, capped by what the cluster can hold. ``max_retries``:
-        Ray's retries of a probe whose worker or node died. ``placement``: the default for
-        ``submit_pair``. ``runtime_env``: the default Ray runtime_env of every probe.
-        ``timeout``: per-probe seconds when a spec has none; ``max_probe_s``: deadline of a
-        probe without any timeout; ``start_grace_s``: extra seconds the controller allows
-        for queueing, worker start and code unpacking before it cancels a task.
-        ``placement_timeout``: seconds to wait for a pair's placement group.
-        ``connect_timeout``: seconds to reach ``HOST:PORT`` of an address before giving up
-        (Ray itself would retry for minutes).
-        ``eager_bytes``: trace bytes copied back with each result (the rest stays on the
-        worker until fetched). ``shared_fs``: run specs without a revision in their
-        ``workdir`` path on the worker instead of shipping the folder. ``out_dir``/``keep``:
-        as for the local executor. ``runner``: replaces ``reprobisect.core.probe.run_in_dir``
-        on the workers (tests, custom probes; must be picklable).
-        """
+        """Connect to (or start) Ray and get ready to run probes (arguments: the class docstring)."""
         if placement is not None and placement not in PLACEMENTS:
             raise UsageError(f"unknown placement '{placement}'; use pack or spread")
         if gpus_per_probe < 0 or cpus_per_probe < 0:
@@ -729,7 +723,7 @@ class RayExecutor:
         self._wake.set()
 
     def _deadline(self, spec: ProbeSpec) -> float:
-        from reprobisect.core.probe import KILL_GRACE_S
+        from reprobisect.executors.process import KILL_GRACE_S
 
         budget = spec.timeout + KILL_GRACE_S + self.start_grace_s if spec.timeout else self.max_probe_s
         return time.monotonic() + budget
@@ -942,19 +936,19 @@ class RayExecutor:
                 detail=f"stale code: the worker ran {ran or 'an unknown commit'}, not {expected}; the result is discarded",
             )
         local = None
-        stale_local = self.out_dir / _trace_dir_name(spec)
+        stale_local = trace_path(spec, self.out_dir)
         if not value["has_trace"] and stale_local.exists():  # an earlier execution's copy: not this one's
             shutil.rmtree(stale_local, ignore_errors=True)
         if value["has_trace"]:
-            local = self.out_dir / _trace_dir_name(spec)
-            tmp = self.out_dir / f".{local.name}.tmp-{value['run_id']}"
+            local = trace_path(spec, self.out_dir)
+            tmp = local.parent / f".{local.name}.tmp-{value['run_id']}"
             shutil.rmtree(tmp, ignore_errors=True)
             for rel, data in value["files"].items():
                 p = tmp / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(data)
             if local.exists():
-                old = self.out_dir / f".{local.name}.old-{value['run_id']}"
+                old = local.parent / f".{local.name}.old-{value['run_id']}"
                 os.replace(local, old)
                 shutil.rmtree(old, ignore_errors=True)
             os.replace(tmp, local)
@@ -966,6 +960,7 @@ class RayExecutor:
             host=value["host"],
             stdout_tail=base.stdout_tail,
             stderr_tail=base.stderr_tail,
+            output_tail=base.output_tail,
             node_id=value["node_id"],
             node_ip=value["node_ip"],
             device_type=self._device_type(value["node_id"], value["device"]),

@@ -389,6 +389,37 @@ def execution(rec: Any = None) -> dict[str, Any]:
     when ``model.compile()`` compiled the model as a whole); ``note`` says so in words.
     """
     out: dict[str, Any] = {}
+    disabled = _disabled_by()
+    if disabled:
+        out["disabled_by"] = disabled
+    if COMPILES.calls:
+        out["compile_calls"] = list(COMPILES.calls)
+        backends = sorted({c["backend"] for c in COMPILES.calls if c.get("backend")})
+        if backends:
+            out["backend"] = backends[0] if len(backends) == 1 else backends
+    if rec is None and _LAST is not None:
+        last = _LAST()
+        rec = last.rec if last is not None else None
+    hooks = getattr(rec, "_fwd_hooks", None) if rec is not None else None
+    regions = _regions(rec, hooks, disabled)
+    if regions:
+        out["regions"] = regions
+    ran = [r for r in regions if r["ran"] in ("compiled", "mixed")]
+    if ran:
+        out.update(_compiled_summary(ran))
+        if hooks is not None:
+            hooks._note(out["note"])  # in the trace's notes too (sealing reads them after the environment)
+    elif COMPILES.calls or regions:
+        out["mode"] = "eager"
+        if disabled:
+            out["note"] = f"torch.compile was called but disabled ({', '.join(disabled)}): everything ran eagerly"
+        elif regions:
+            out["note"] = "torch.compile was called but the compiled modules ran eagerly"
+    return out
+
+
+def _disabled_by() -> list[str]:
+    """What turned torch.compile off in this process (environment variables, dynamo's config)."""
     disabled = []
     if os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1":
         disabled.append("TORCH_COMPILE_DISABLE=1")
@@ -397,18 +428,12 @@ def execution(rec: Any = None) -> dict[str, Any]:
     cfg = sys.modules.get("torch._dynamo.config")
     if cfg is not None and getattr(cfg, "disable", False) and "TORCH_COMPILE_DISABLE=1" not in disabled:
         disabled.append("torch._dynamo.config.disable")
-    if disabled:
-        out["disabled_by"] = disabled
-    if COMPILES.calls:
-        out["compile_calls"] = list(COMPILES.calls)
-        backends = sorted({c["backend"] for c in COMPILES.calls if c.get("backend")})
-        if backends:
-            out["backend"] = backends[0] if len(backends) == 1 else backends
+    return disabled
+
+
+def _regions(rec: Any, hooks: Any, disabled: list[str]) -> list[dict[str, Any]]:
+    """The compiled regions: modules (seen by the hooks, or set up compiled and never seen) and functions."""
     regions: list[dict[str, Any]] = []
-    if rec is None and _LAST is not None:
-        last = _LAST()
-        rec = last.rec if last is not None else None
-    hooks = getattr(rec, "_fwd_hooks", None) if rec is not None else None
     if hooks is not None:
         regions = hooks.region_summary()
         seen = {r["module"] for r in regions}
@@ -429,37 +454,28 @@ def execution(rec: Any = None) -> dict[str, Any]:
             regions.append({"module": None if seen_any else "", "function": c.get("target"),
                             "how": "torch.compile(function)", "ran": "compiled",
                             **({"backend": c["backend"]} if c.get("backend") else {})})
-    if regions:
-        out["regions"] = regions
-    ran = [r for r in regions if r["ran"] in ("compiled", "mixed")]
-    if ran:
-        out["mode"] = "compiled"
-        unobserved = []
-        for r in ran:
-            # a torch.compile(module) wrapper's own output is recorded (outside the region);
-            # a module.compile() module (or a compiled function's) is called compiled, its
-            # own output included
-            name = r["module"]
-            if name is not None:
-                unobserved.append(name + ".*" if r["how"] == "torch.compile(module)" and name else name or "*")
-        whole = [r for r in ran if r["how"] != "torch.compile(module)" and r["module"] == ""]
-        if whole:
-            unobserved += ["<input>", "<output>"]  # the model itself is only called compiled
-        out["unobserved"] = sorted(set(unobserved))
-        seen = ("batches, loss, gradients, parameters and optimizer state are recorded (the model is only called "
-                "compiled: its inputs and outputs are not recorded either)") if whole else (
-                "batches, model inputs and outputs, loss, gradients, parameters and optimizer state are recorded")
-        what = ", ".join(f"function {r['function']}" if r["how"] == "torch.compile(function)" else repr(r["module"])
-                         for r in ran)
-        out["note"] = f"{NOTE} ({what} ran compiled); {seen}"
-        if any(r["how"] == "torch.compile(function)" for r in ran):
-            out["note"] += "; modules called inside a compiled function are not recorded either"
-        if hooks is not None:
-            hooks._note(out["note"])  # in the trace's notes too (sealing reads them after the environment)
-    elif COMPILES.calls or regions:
-        out["mode"] = "eager"
-        if disabled:
-            out["note"] = f"torch.compile was called but disabled ({', '.join(disabled)}): everything ran eagerly"
-        elif regions:
-            out["note"] = "torch.compile was called but the compiled modules ran eagerly"
-    return out
+    return regions
+
+
+def _compiled_summary(ran: list[dict[str, Any]]) -> dict[str, Any]:
+    """``mode``, ``unobserved`` and ``note`` for regions that ran compiled."""
+    unobserved = []
+    for r in ran:
+        # a torch.compile(module) wrapper's own output is recorded (outside the region);
+        # a module.compile() module (or a compiled function's) is called compiled, its
+        # own output included
+        name = r["module"]
+        if name is not None:
+            unobserved.append(name + ".*" if r["how"] == "torch.compile(module)" and name else name or "*")
+    whole = [r for r in ran if r["how"] != "torch.compile(module)" and r["module"] == ""]
+    if whole:
+        unobserved += ["<input>", "<output>"]  # the model itself is only called compiled
+    seen = ("batches, loss, gradients, parameters and optimizer state are recorded (the model is only called "
+            "compiled: its inputs and outputs are not recorded either)") if whole else (
+            "batches, model inputs and outputs, loss, gradients, parameters and optimizer state are recorded")
+    what = ", ".join(f"function {r['function']}" if r["how"] == "torch.compile(function)" else repr(r["module"])
+                     for r in ran)
+    note = f"{NOTE} ({what} ran compiled); {seen}"
+    if any(r["how"] == "torch.compile(function)" for r in ran):
+        note += "; modules called inside a compiled function are not recorded either"
+    return {"mode": "compiled", "unobserved": sorted(set(unobserved)), "note": note}

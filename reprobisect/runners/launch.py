@@ -11,8 +11,9 @@ The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run
 ``sys.argv`` is ``[script.py, ARGS...]``, ``sys.path[0]`` is the script's folder, it
 runs as ``__main__``, the working directory is unchanged (``-m`` runs like
 ``python -m``: ``sys.path[0]`` is the working directory). A meta-path hook waits for the
-script to import ``torch`` and only then installs the recorder
-(``reprobisect.runners.torch``); nothing else is imported on the script's behalf (no
+script to import a framework and only then activates its recorder: each recorder registers
+the module that triggers it (``reprobisect.runners.registry``: ``torch`` activates
+``reprobisect.runners.torch``); nothing else is imported on the script's behalf (no
 TensorFlow). After ``--steps`` optimizer steps the recorder raises ``StopRun`` (a
 ``BaseException``) out of ``optimizer.step()``; the launcher then seals the trace, stops
 DataLoader worker processes and any other child process, and leaves with ``os._exit``.
@@ -55,10 +56,14 @@ import runpy
 import sys
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from reprobisect import native
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
-from reprobisect.core.outcome import LAUNCH_EXIT, Outcome
+from reprobisect.runners.environment import collect_environment, revision_of
+from reprobisect.runners.registry import RecorderEntry, recorders
+from reprobisect.trace.writer import TraceWriter
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -112,16 +117,17 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 class _Activator(importlib.abc.MetaPathFinder):
-    """Installs the torch recorder right after the script's ``import torch`` finishes."""
+    """Calls ``on_import(name)`` right after the script's import of a watched module finishes."""
 
-    def __init__(self, on_import) -> None:
+    def __init__(self, names: set[str], on_import: Callable[[str], None]) -> None:
+        self.names = set(names)
         self.on_import = on_import
-        self.busy = False
+        self.busy: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None):
-        if fullname != "torch" or self.busy:
+        if fullname not in self.names or fullname in self.busy:
             return None
-        self.busy = True
+        self.busy.add(fullname)
         try:
             spec = None
             for finder in sys.meta_path:
@@ -131,7 +137,7 @@ class _Activator(importlib.abc.MetaPathFinder):
                 if spec is not None:
                     break
         finally:
-            self.busy = False
+            self.busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
@@ -140,11 +146,13 @@ class _Activator(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             orig(module)
-            try:
-                sys.meta_path.remove(activator)
-            except ValueError:
-                pass
-            activator.on_import()
+            activator.names.discard(fullname)
+            if not activator.names:
+                try:
+                    sys.meta_path.remove(activator)
+                except ValueError:
+                    pass
+            activator.on_import(fullname)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -152,11 +160,10 @@ class _Activator(importlib.abc.MetaPathFinder):
 
 class _Run:
     def __init__(self, ns: argparse.Namespace, prog: list[str]) -> None:
-        from reprobisect.trace.writer import TraceWriter
-
         self.ns = ns
         self.prog = prog
         self.recorder: Any = None
+        self.active: set[str] = set()  # names of the registered recorders activated so far
         self.t0 = time.monotonic()
         self.policy_json = {
             "steps": ns.steps,
@@ -168,8 +175,6 @@ class _Run:
             "zoom_step": ns.zoom_step,
             "max_records_per_step": ns.max_records_per_step,
         }
-        from reprobisect.runners.environment import revision_of
-
         self.writer = TraceWriter(
             ns.trace,
             command=list(prog),
@@ -179,24 +184,30 @@ class _Run:
             recorder={"launcher": "reprobisect.runners.launch", "cwd": os.getcwd()},
         )
 
-    def activate_torch(self) -> None:
-        from reprobisect.runners.torch import RecordPolicy, TorchRecorder
+    def activate(self, entry: RecorderEntry) -> None:
+        """Activate one registered recorder (its trigger module was imported); once."""
+        if entry.name in self.active:
+            return
+        self.active.add(entry.name)
+        recorder = entry.activate(self)
+        if recorder is not None and self.recorder is None:
+            self.recorder = recorder
 
-        ns = self.ns
-        policy = RecordPolicy(
-            steps=ns.steps,
-            full_steps=tuple(ns.full_steps),
-            state_steps=tuple(ns.state_steps),
-            stop_on_nonfinite=ns.stop_on_nonfinite,
-            max_disk=ns.max_disk,
-            zoom_module=ns.zoom_module,
-            zoom_step=ns.zoom_step,
-            max_records_per_step=ns.max_records_per_step,
-        )
-        self.recorder = TorchRecorder(self.writer, policy, stop_at_limit=True).install()
-        from reprobisect import native
+    def watch_imports(self) -> None:
+        """Activate each registered recorder whose trigger is imported already; watch the others' triggers."""
+        pending: dict[str, list[RecorderEntry]] = {}
+        for entry in recorders():
+            if any(t in sys.modules for t in entry.triggers):
+                self.activate(entry)
+            else:
+                for t in entry.triggers:
+                    pending.setdefault(t, []).append(entry)
+        if pending:
+            def on_import(name: str) -> None:
+                for entry in pending.get(name, ()):
+                    self.activate(entry)
 
-        native.kernel()  # built (once per machine) or loaded now, not inside the first step
+            sys.meta_path.insert(0, _Activator(set(pending), on_import))
 
     @property
     def steps_done(self) -> int:
@@ -205,10 +216,7 @@ class _Run:
     def execute(self) -> Outcome:
         """Run the program; return how it ended (never raises for the program's errors)."""
         prog = self.prog
-        if "torch" in sys.modules:
-            self.activate_torch()
-        else:
-            sys.meta_path.insert(0, _Activator(self.activate_torch))
+        self.watch_imports()
         try:
             if prog[0] == "-m":
                 mod = prog[1]
@@ -217,14 +225,14 @@ class _Run:
                 try:
                     spec_ok = importlib.util.find_spec(mod) is not None
                 except (ImportError, ValueError) as e:
-                    return Outcome("skip", detail=f"cannot import module '{mod}': {e}")
+                    return Outcome(Status.SKIP, detail=f"cannot import module '{mod}': {e}")
                 if not spec_ok:
-                    return Outcome("skip", detail=f"no module named '{mod}' (python -m {mod} cannot start here)")
+                    return Outcome(Status.SKIP, detail=f"no module named '{mod}' (python -m {mod} cannot start here)")
                 runpy.run_module(mod, run_name="__main__", alter_sys=True)
             else:
                 script = prog[0]
                 if not os.path.exists(script):
-                    return Outcome("skip", detail=f"can't open file '{script}': no such file (python cannot start it here)")
+                    return Outcome(Status.SKIP, detail=f"can't open file '{script}': no such file (python cannot start it here)")
                 sys.argv = list(prog)
                 sys.path[0] = os.path.dirname(os.path.realpath(script))
                 runpy.run_path(script, run_name="__main__")
@@ -250,11 +258,11 @@ class _Run:
                 from reprobisect.runners.torch import _no_update_detail
 
                 why = _no_update_detail(self.recorder.backwards)
-            return Outcome("no_steps", detail=f"the command {how} without an optimizer step: {why}")
+            return Outcome(Status.NO_STEPS, detail=f"the command {how} without an optimizer step: {why}")
         detail = f"recorded {self.steps_done} step(s)"
         if self.steps_done < self.ns.steps:
             detail += f"; the command {how} before --steps {self.ns.steps}"
-        return Outcome("ok", detail=detail)
+        return Outcome(Status.OK, detail=detail)
 
     def _classify(self, e: BaseException) -> Outcome:
         from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
@@ -270,33 +278,29 @@ class _Run:
                 return self._ended("exited (status 0)")
             where = "before the first optimizer step" if step == 0 else f"at step {step}"
             return Outcome(
-                "crashed",
+                Status.CRASHED,
                 detail=f"the command exited with status {code!r} {where}",
                 step=step,
                 traceback=_format_tb(e),
             )
         if isinstance(e, _SKIP_TYPES) and step == 0:
             return Outcome(
-                "skip",
+                Status.SKIP,
                 detail=f"{type(e).__name__}: {e} (before training started: a dependency or import failure, not a training bug)",
                 traceback=_format_tb(e),
             )
         if isinstance(e, KeyboardInterrupt):
-            return Outcome("crashed", detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
+            return Outcome(Status.CRASHED, detail=f"interrupted at step {step}", step=step, traceback=_format_tb(e))
         traced = _compile_traced_recorder(e)
         if traced is not None:  # torch.compile failed on reprobisect's own hook code: ours, not the program's
-            return Outcome("infra", step=step, traceback=_format_tb(e), detail=(
+            return Outcome(Status.INFRA, step=step, traceback=_format_tb(e), detail=(
                 f"torch.compile failed while tracing reprobisect's recorder hooks at step {step} ({traced}); "
                 "a reprobisect bug, not your program's: this probe is no evidence either way"))
-        return Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
+        return Outcome(Status.CRASHED, detail=f"{type(e).__name__}: {e}", step=step, traceback=_format_tb(e))
 
     def seal(self, outcome: Outcome) -> None:
         environment: dict[str, Any] = {}
         try:
-            from reprobisect.runners.environment import collect_environment
-
-            from reprobisect import native
-
             extra = dict(self.recorder.environment_extra) if self.recorder is not None else {}
             environment = collect_environment({**extra, "recorder": {"fingerprint": native.status()}})
         except Exception as e:  # the trace must still be sealed
@@ -327,7 +331,7 @@ class _Run:
             trace=os.path.abspath(self.ns.trace),
             wall_s=round(time.monotonic() - self.t0, 3),
         )
-        status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
+        status = "complete" if outcome.status in (Status.OK, Status.NONFINITE) else "failed"
         self.writer.close(
             status,
             outcome=outcome.to_json(),
@@ -357,9 +361,10 @@ class _Run:
 def _stop_outcome(stop: Any) -> Outcome:
     """How a run the recorder stopped ended: ``ok``, ``nonfinite``, or ``infra`` when the
     recorder itself failed (never the program's crash: see runners.torch._hook)."""
-    status = {"ok": "ok", "nonfinite": "nonfinite", "recorder_error": "infra", "no_steps": "no_steps"}[stop.reason]
-    return Outcome(status, detail=stop.detail, step=None if status in ("ok", "no_steps") else stop.step,
-                   traceback=getattr(stop, "traceback", None) if status == "infra" else None)
+    status = {"ok": Status.OK, "nonfinite": Status.NONFINITE, "recorder_error": Status.INFRA,
+              "no_steps": Status.NO_STEPS}[stop.reason]
+    return Outcome(status, detail=stop.detail, step=None if status in (Status.OK, Status.NO_STEPS) else stop.step,
+                   traceback=getattr(stop, "traceback", None) if status is Status.INFRA else None)
 
 
 def _compile_traced_recorder(e: BaseException) -> str | None:
@@ -399,9 +404,9 @@ def run(argv: Sequence[str]) -> int:
 
 def _say(outcome: Outcome, steps: int) -> None:
     trace = outcome.trace
-    if outcome.status == "ok":
+    if outcome.status is Status.OK:
         msg = f"reprobisect: ok, {steps} step(s) recorded into {trace}"
-    elif outcome.status == "no_steps":
+    elif outcome.status is Status.NO_STEPS:
         msg = f"reprobisect: no_steps: {outcome.detail}"
     else:
         msg = f"reprobisect: {outcome} (trace {trace})"

@@ -18,14 +18,45 @@ It reaches an unmodified script through Lightning's external-callback entry poin
 Lightning reads for EVERY Trainer in every environment where reprobisect is installed.
 So ``callbacks()`` returns nothing unless a recorder is active in this process (a run
 under the launcher), and never raises: a failing factory would break every Lightning user.
+
+The launcher activates ``activate`` when the script imports Lightning
+(``reprobisect.runners.registry``): Lightning records through the torch recorder (active
+already: Lightning imports torch first), so there is nothing to install; when the entry
+point is not installed (reprobisect used from a source folder, not pip-installed), the
+trace's notes say that the Trainer's settings and loop phases went unrecorded.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from importlib.metadata import entry_points
+from typing import Any, Mapping
 
-__all__ = ["callbacks", "make_callback"]
+__all__ = ["callbacks", "make_callback", "activate", "FACTORY_GROUPS"]
+
+FACTORY_GROUPS = {"lightning.pytorch": "lightning.pytorch.callbacks_factory",
+                  "pytorch_lightning": "pytorch_lightning.callbacks_factory"}
+"""Lightning's package -> the entry-point group its Trainer reads external callbacks from."""
+_ENTRY = "reprobisect.runners.lightning:callbacks"
+
+
+def activate(run: Any, groups: Mapping[str, str] = FACTORY_GROUPS) -> None:
+    """The launcher's activation on the script's import of Lightning (``groups``: package -> group).
+
+    Installs nothing; notes on the active recorder each imported Lightning package whose
+    factory group lacks this module's ``callbacks`` entry point (never raises)."""
+    recorder = getattr(run, "recorder", None)
+    try:
+        missing = [pkg for pkg, group in groups.items()
+                   if pkg in sys.modules and not any(ep.value == _ENTRY for ep in entry_points(group=group))]
+    except Exception:  # noqa: BLE001 - a broken metadata install must not stop the run
+        return
+    for pkg in missing:
+        if recorder is not None:
+            recorder.notes.append(
+                f"{pkg}: reprobisect's Lightning callback is not installed as an entry point (reprobisect used "
+                "from a source folder?): the Trainer's settings and loop phases are not recorded; "
+                "pip install reprobisect to record them")
 
 
 def callbacks() -> list[Any]:

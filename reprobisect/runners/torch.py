@@ -1262,48 +1262,9 @@ class TorchRecorder:
         t_end = time.perf_counter()
         self._settle_batches()
         t_fin = time.perf_counter()
-        records: list[tuple[_Entry, Record]] = []
-        # every distinct pending of the step, finished together: one host transfer per device
-        todo: dict[int, tuple[fpt.Pending, torch.Tensor | None]] = {}
-        for e in self._entries:
-            if e.pending is not None and id(e.pending) not in todo:
-                todo[id(e.pending)] = (e.pending, e.source)
-        for e in self._entries:
-            for q in e.inputs or ():
-                todo.setdefault(id(q), (q, None))
-        for q in self._pre_clip:
-            if not isinstance(q, torch.Tensor):
-                todo.setdefault(id(q), (q, None))
-        done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
-        for e in self._entries:
-            if e.record is not None:
-                records.append((e, e.record))
-                continue
-            p = e.pending
-            assert p is not None
-            f, st = done_pending[id(p)]
-            ins = None
-            if e.inputs is not None:
-                ins = tuple(done_pending[id(q)][0] for q in e.inputs)
-            rec = Record(
-                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
-            )
-            records.append((e, rec))
-        records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
-        sq = 0.0
-        norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # stats off: norm tensors
-        if norms and len({q.device for q in norms}) == 1:  # one host transfer, the same floats
-            norm_values = iter(torch.stack([q.to(torch.float64) for q in norms]).tolist())
-        else:
-            norm_values = iter([float(q) for q in norms])
-        for q in self._pre_clip:
-            if isinstance(q, torch.Tensor):
-                sq += next(norm_values) ** 2
-                continue
-            st = done_pending[id(q)][1]
-            sq += stat_value(st["norm"]) ** 2 if st else 0.0
+        records, done_pending = self._finish_records()
         if self._pre_clip:
-            self._scalars["grad_norm"] = _json_float(math.sqrt(sq))
+            self._scalars["grad_norm"] = _json_float(self._pre_clip_norm(done_pending))
 
         scalars = self._step_scalars(records)
         evaluation = self._take_eval()
@@ -1314,14 +1275,7 @@ class TorchRecorder:
         if self._dropped:
             scalars["records_dropped"] = self._dropped
             scalars["max_records_per_step"] = self.policy.max_records_per_step
-        first_bad = None
-        skipped = self._scalars.get("scaler_skipped")
-        for e, rec in records:
-            if skipped and rec.kind == "grad":
-                continue  # scaled gradients overflowing is what a GradScaler skips a step for
-            if rec.stats and (rec.stats.get("nan") or rec.stats.get("inf")):
-                first_bad = f"{rec.kind} '{rec.name}'"
-                break
+        first_bad = self._first_nonfinite_record(records)
         if first_bad:
             scalars["first_nonfinite"] = first_bad
             if self.first_nonfinite is None:
@@ -1351,6 +1305,64 @@ class TorchRecorder:
             self._finish(StopRun("nonfinite", step, f"first non-finite value at step {step}: {first_bad}"))
         elif self.step >= self.policy.steps:
             self._finish(StopRun("ok", step, f"recorded {self.step} step(s)"))
+
+    def _finish_records(self) -> tuple[list[tuple[_Entry, Record]], dict[int, tuple[str, dict | None]]]:
+        """The step's records in trace order, and every finished pending by id (fingerprint, stats)."""
+        records: list[tuple[_Entry, Record]] = []
+        # every distinct pending of the step, finished together: one host transfer per device
+        todo: dict[int, tuple[fpt.Pending, torch.Tensor | None]] = {}
+        for e in self._entries:
+            if e.pending is not None and id(e.pending) not in todo:
+                todo[id(e.pending)] = (e.pending, e.source)
+        for e in self._entries:
+            for q in e.inputs or ():
+                todo.setdefault(id(q), (q, None))
+        for q in self._pre_clip:
+            if not isinstance(q, torch.Tensor):
+                todo.setdefault(id(q), (q, None))
+        done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
+        for e in self._entries:
+            if e.record is not None:
+                records.append((e, e.record))
+                continue
+            p = e.pending
+            assert p is not None
+            f, st = done_pending[id(p)]
+            ins = None
+            if e.inputs is not None:
+                ins = tuple(done_pending[id(q)][0] for q in e.inputs)
+            rec = Record(
+                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
+            )
+            records.append((e, rec))
+        records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
+        return records, done_pending
+
+    def _pre_clip_norm(self, done_pending: dict[int, tuple[str, dict | None]]) -> float:
+        """The total gradient norm before clipping, from the norms or the stats the step kept."""
+        sq = 0.0
+        norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # stats off: norm tensors
+        if norms and len({q.device for q in norms}) == 1:  # one host transfer, the same floats
+            norm_values = iter(torch.stack([q.to(torch.float64) for q in norms]).tolist())
+        else:
+            norm_values = iter([float(q) for q in norms])
+        for q in self._pre_clip:
+            if isinstance(q, torch.Tensor):
+                sq += next(norm_values) ** 2
+                continue
+            st = done_pending[id(q)][1]
+            sq += stat_value(st["norm"]) ** 2 if st else 0.0
+        return math.sqrt(sq)
+
+    def _first_nonfinite_record(self, records: list[tuple[_Entry, Record]]) -> str | None:
+        """``kind 'name'`` of the step's first record holding NaN/Inf (a GradScaler's skipped grads aside)."""
+        skipped = self._scalars.get("scaler_skipped")
+        for _e, rec in records:
+            if skipped and rec.kind == "grad":
+                continue  # scaled gradients overflowing is what a GradScaler skips a step for
+            if rec.stats and (rec.stats.get("nan") or rec.stats.get("inf")):
+                return f"{rec.kind} '{rec.name}'"
+        return None
 
     def _finish(self, stop: StopRun) -> None:
         self.done = True

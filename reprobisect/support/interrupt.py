@@ -9,7 +9,7 @@ cleanup path written for Ctrl-C runs (the executor kills its probes' process gro
 removes its worktrees, temporary folders go, the session log keeps only finished
 probes), and the CLI exits ``128 + signal``: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP).
 A second signal while that cleanup runs is ignored (cleanup is bounded: a killed probe
-gets ``reprobisect.core.probe`` 's short grace); SIGKILL still ends everything at once. A
+gets ``reprobisect.executors.process`` 's short grace); SIGKILL still ends everything at once. A
 SIGHUP that is ignored when the command starts (``nohup``) stays ignored.
 
 SIGKILL cannot be handled, so what a killed session leaves is cleaned when the next one

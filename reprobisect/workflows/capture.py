@@ -4,27 +4,36 @@
 command is rewritten to run under the launcher (``python -m reprobisect.runners.launch
 --trace DIR ... -- train.py --lr 1e-3``: ``python``/``python3`` become the interpreter
 running reprobisect, an explicit path to a Python stays that Python, interpreter options
-are kept) and run by the same code that runs every probe (``reprobisect.core.probe``): its
-own process group, a timeout that kills the whole group, the outcome the launcher
-sealed into the trace's manifest.
+are kept) and run as a probe through an executor, like every probe (the local one by
+default; ``--executor ray`` runs it on the cluster and fetches the trace into ``-o``):
+its own process group, a timeout that kills the whole group, the outcome the launcher
+sealed into the trace's manifest. On the local executor the command's output streams
+live to the terminal; an executor that runs it elsewhere shows it when the probe ended.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reprobisect.core.checks import check_number
+from reprobisect.core.outcome import Outcome, Status
+from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
-from reprobisect.executors.base import ProbeSpec
-from reprobisect.core.outcome import Outcome
+from reprobisect.executors.base import Executor
+from reprobisect.executors.local import LocalExecutor
+from reprobisect.executors.process import launch_argv
+from reprobisect.support.outputlog import OUTPUT_LOG
+from reprobisect.trace.outdir import check_trace_target
 
 __all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
 
 # exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError)
-EXIT_CODES = {"ok": 0, "skip": 125, "crashed": 1, "nonfinite": 1, "no_steps": 1, "timeout": 1, "infra": 1}
+EXIT_CODES = {Status.OK: 0, Status.SKIP: 125, Status.CRASHED: 1, Status.NONFINITE: 1, Status.NO_STEPS: 1,
+              Status.TIMEOUT: 1, Status.INFRA: 1}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +73,8 @@ class CaptureConfig:
         if self.max_records_per_step is not None:
             check_number("--max-records-per-step", self.max_records_per_step, minimum=1, integer=True)
 
-    def spec(self, argv: Sequence[str], workdir: Path) -> ProbeSpec:
+    def spec(self, argv: Sequence[str], workdir: Path, trace: Path | None = None) -> ProbeSpec:
+        """The probe that records ``argv`` run in ``workdir`` into ``trace``."""
         extra: list[str] = []
         if self.seed is not None:
             extra += ["--seed", str(self.seed)]
@@ -84,6 +94,8 @@ class CaptureConfig:
             stop_on_nonfinite=self.stop_on_nonfinite,
             timeout=self.timeout,
             extra_launch_args=tuple(extra),
+            trace_dir=str(trace) if trace is not None else None,
+            echo=not self.quiet,
         )
 
 
@@ -101,8 +113,6 @@ class CaptureResult:
     @property
     def output_log(self) -> str | None:
         """The command's output (bounded) in the trace folder, when it was kept."""
-        from reprobisect.support.outputlog import OUTPUT_LOG
-
         p = Path(self.trace) / OUTPUT_LOG
         return str(p) if p.is_file() else None
 
@@ -126,8 +136,6 @@ class CaptureResult:
 def launch_command(argv: Sequence[str], trace: str | os.PathLike, config: CaptureConfig | None = None,
                    cwd: str | os.PathLike | None = None) -> list[str]:
     """The launcher command line that records ``argv`` into ``trace`` (nothing runs)."""
-    from reprobisect.core.probe import launch_argv
-
     config = config or CaptureConfig()
     if not argv:
         raise UsageError("give the training command after --, e.g. bisect capture -o run.trace -- python train.py")
@@ -136,27 +144,31 @@ def launch_command(argv: Sequence[str], trace: str | os.PathLike, config: Captur
 
 
 def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig | None = None,
-            cwd: str | os.PathLike | None = None) -> CaptureResult:
+            cwd: str | os.PathLike | None = None, executor: Executor | None = None) -> CaptureResult:
     """Run ``argv`` (``python train.py ...``) in ``cwd`` under the launcher, recording into ``out``.
 
-    Raises ``UsageError`` for a command that is not Python or an output path that is
-    not a trace folder; every way the command itself can end is an ``Outcome``.
+    The probe runs on ``executor`` (default: a local one, made and closed here). Raises
+    ``UsageError`` for a command that is not Python or an output path that is not a trace
+    folder; every way the command itself can end is an ``Outcome``.
     """
-    from reprobisect.core.probe import run_in_dir
-
     config = config or CaptureConfig()
     workdir = Path(cwd or os.getcwd()).resolve()
     trace = Path(out)
     if not trace.is_absolute():
         trace = workdir / trace
-    from reprobisect.trace.outdir import check_trace_target
-
     # new, empty, or verifiably a reprobisect trace (its manifest parses as one), and writable
     check_trace_target(trace)
     cmd = launch_command(argv, trace, config, workdir)
     # the command's output streams live (as under git bisect run) unless quiet; it is kept
     # in the trace folder as output.log either way (reprobisect.support.outputlog)
-    result = run_in_dir(config.spec(argv, workdir), workdir, trace, echo=not config.quiet)
+    spec = config.spec(argv, workdir, trace)
+    if executor is None:
+        with LocalExecutor(jobs=1) as local:
+            result = local.submit(spec).result()
+    else:
+        result = executor.submit(spec).result()
+        if spec.echo and not getattr(executor, "live_output", False):
+            _show_output(result)
     return CaptureResult(
         outcome=result.outcome,
         trace=str(trace),
@@ -165,3 +177,17 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
         stderr_tail=result.stderr_tail,
         output_tail=result.output_tail,
     )
+
+
+def _show_output(result: ProbeResult) -> None:
+    """The command's output once it ended (an executor that ran it elsewhere could not stream it)."""
+    log = Path(result.trace_dir) / OUTPUT_LOG if result.trace_dir else None
+    tail = (result.output_tail or result.stdout_tail + result.stderr_tail).encode()
+    try:
+        data = log.read_bytes() if log is not None and log.is_file() else tail
+    except OSError:
+        data = tail
+    out = getattr(sys.stdout, "buffer", None)
+    if out is not None and data:
+        out.write(data)
+        out.flush()

@@ -29,7 +29,8 @@ from reprobisect.executors.base import ProbeResult
 from reprobisect.core.compare import Comparison
 from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.core.options import ProbeOptions
-from reprobisect.core.probe import compare_traces, retry_once
+from reprobisect.core.verdict import compare_results
+from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.reader import read_trace
 from reprobisect.workflows.repro import _failed, spec_for
@@ -134,12 +135,12 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         results = []
         for side, f in zip("ab", futures):
             p.update(f"side {side}")
-            results.append(retry_once(ex, f.result()))
+            results.append(retry(ex, f.result()))
             p.advance()
         if not all(r.outcome for r in results):
             raise _failed(results, "cannot compare the environments")
         ta = read_trace(results[0].trace_dir, allow_incomplete=True)
         tb = read_trace(results[1].trace_dir, allow_incomplete=True)
         changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
-        comp = compare_traces(results[0], results[1], options.tolerance_for("default"))
+        comp = compare_results(results[0], results[1], options.tolerance_for("default"))
     return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)

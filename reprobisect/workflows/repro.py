@@ -24,7 +24,8 @@ from reprobisect.executors import executor_for, submit_all
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
-from reprobisect.core.probe import CHECKS, Verdict, classify, compare_traces, retry_once, run_with_retry
+from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
+from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.reader import read_trace
 
@@ -216,7 +217,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
         results = []
         for i, f in enumerate(futures):
             p.update(f"run {i}")
-            results.append(retry_once(ex, f.result()))
+            results.append(retry(ex, f.result()))
             p.advance()
         if not all(r.outcome for r in results):
             crashed = next(r for r in results if not r.outcome)
@@ -225,6 +226,6 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
                 p.note(f"run '{crashed.spec.key}' ended {crashed.outcome.status}; its last output:\n"
                        + "\n".join(f"    | {ln}" for ln in tail.splitlines()))
             raise _failed(results, "cannot judge determinism")
-        comps = tuple(compare_traces(results[0], r, tol) for r in results[1:])
+        comps = tuple(compare_results(results[0], r, tol) for r in results[1:])
         env_set = _env_settings(results[0].trace_dir)
     return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds), environment_set=env_set)

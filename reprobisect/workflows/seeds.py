@@ -48,7 +48,8 @@ from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult
 from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
-from reprobisect.core.probe import compare_traces, retry_once
+from reprobisect.core.verdict import compare_results
+from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.reader import Trace, read_trace
@@ -539,12 +540,12 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         results = []
         for s, f in zip(seeds, futures):
             p.update(f"seed {s}")
-            results.append(retry_once(ex, f.result()))
+            results.append(retry(ex, f.result()))
             p.advance()
         if not all(r.outcome for r in results):
             raise _failed(results, "cannot map seed sensitivity")
         traces = [read_trace(r.trace_dir, allow_incomplete=True) for r in results]
         comps = seed_map(traces, seeds)
         nf = noise_floor(traces) if noise else None
-        first = compare_traces(results[0], results[1], "bitwise")
+        first = compare_results(results[0], results[1], "bitwise")
     return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first)

@@ -15,7 +15,9 @@ the numerics-relevant variables the side's environment record kept
 (``environment.env_vars``) plus ``ZoomSide.env``. Variables the record does not keep are
 not repeated: when the two sides differ by one, the caller (``bisect envs``) passes it in
 ``ZoomSide.env``; when they differ by commit, ``ZoomSide.cwd`` points at that checkout.
-The re-runs go through ``probe.run_in_dir`` (own process group, timeout, outcome).
+The re-runs are probes on an executor like every probe (own process group, timeout,
+outcome; the local one with both sides at once by default), each writing its trace to
+``a.trace`` / ``b.trace`` of the zoom folder.
 
 Trust: re-running what a manifest records is running code named by the trace. A trace
 this user did not record on this machine (``reprobisect.support.trust``: the manifest's HMAC does
@@ -29,13 +31,17 @@ Core module: imports no ML framework; the zoom traces are read like any other tr
 from __future__ import annotations
 
 import re
+import shlex
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import ProbeError, UsageError
+from reprobisect.executors.base import Executor
+from reprobisect.executors.local import LocalExecutor
+from reprobisect.support.trust import is_trusted
 from reprobisect.trace import Record, Trace, read_trace
 
 __all__ = ["ZoomResult", "ZoomSide", "run_zoom", "UntrustedTraceError", "untrusted_reruns", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
@@ -234,9 +240,7 @@ def zoom_target(divergence: Any) -> tuple[str, int]:
     return module, int(step)
 
 
-def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, timeout: float | None):
-    from reprobisect.executors.base import ProbeSpec
-
+def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, timeout: float | None) -> ProbeSpec:
     m = trace.manifest
     if side.command is not None:
         argv = tuple(side.command)
@@ -252,7 +256,7 @@ def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, t
         raise UsageError(
             f"cannot re-run trace '{trace.path}': its working folder '{cwd}' does not exist here; pass ZoomSide(cwd=...)"
         )
-    spec = ProbeSpec(
+    return ProbeSpec(
         key=key,
         argv=argv,
         workdir=cwd,
@@ -261,25 +265,20 @@ def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, t
         timeout=timeout,
         extra_launch_args=("--zoom-module", module, "--zoom-step", str(step)),
     )
-    return spec, Path(cwd)
 
 
 class UntrustedTraceError(UsageError):
     """A zoom would re-run a command taken from a trace this user did not record here."""
 
 
-def _describe(trace: Trace, spec: Any) -> str:
-    import shlex
-
+def _describe(trace: Trace, spec: ProbeSpec) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
     return (f"trace '{trace.path}' was not recorded by this user on this machine; zoom would run: "
             f"{(env + ' ') if env else ''}{shlex.join(spec.argv)}  (in '{spec.workdir}')")
 
 
-def untrusted_reruns(traces: list[Trace], specs: list[Any]) -> list[str]:
+def untrusted_reruns(traces: list[Trace], specs: list[ProbeSpec]) -> list[str]:
     """One line per re-run whose trace is not trusted here (empty: all were recorded here)."""
-    from reprobisect.support.trust import is_trusted
-
     return [_describe(t, s) for t, s in zip(traces, specs) if not is_trusted(t)]
 
 
@@ -296,20 +295,20 @@ def run_zoom(
     out_dir: str | None = None,
     trust: bool = False,
     confirm: Callable[[str], bool] | None = None,
+    executor: Executor | None = None,
 ) -> ZoomResult:
     """Re-run both sides with the zoom at the divergence and name the first differing op.
 
     Give ``divergence`` (a compare ``Divergence`` or ``Comparison``) or ``module`` and
     ``step``. The zoom traces go to ``out_dir`` (kept, paths in the result) or to a
-    temporary folder that is removed afterwards. Raises ``ProbeError`` when a re-run
-    does not produce a trace.
+    temporary folder that is removed afterwards. The re-runs are probes on ``executor``
+    (default: a local one running both at once, made and closed here). Raises
+    ``ProbeError`` when a re-run does not produce a trace.
 
     A side whose trace was not recorded by this user here (``reprobisect.support.trust``) is
     re-run only with ``trust=True`` or when ``confirm(text)`` returns True (``text``
     names what would run); otherwise ``UntrustedTraceError`` is raised before anything runs.
     """
-    from reprobisect.core.probe import run_in_dir
-
     ta = a if isinstance(a, Trace) else read_trace(a, allow_incomplete=True)
     tb = b if isinstance(b, Trace) else read_trace(b, allow_incomplete=True)
     if module is None or step is None:
@@ -323,14 +322,7 @@ def run_zoom(
         _side_spec(tb, side_b or ZoomSide(), module, step, "zoom-b", timeout),
     ]
     if not trust:
-        lines = untrusted_reruns([ta, tb], [sp for sp, _ in specs])
-        if lines:
-            text = "\n".join(lines)
-            if confirm is None or not confirm(text):
-                raise UntrustedTraceError(
-                    lines[0] + ("" if len(lines) == 1 else f" (and {len(lines) - 1} more)")
-                    + "; not run: pass --trust-trace (trust=True) if you trust this trace's command"
-                )
+        _confirm_reruns(untrusted_reruns([ta, tb], specs), confirm)
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="reprobisect-zoom-")
@@ -340,8 +332,7 @@ def run_zoom(
         root.mkdir(parents=True, exist_ok=True)
     try:
         dirs = [root / "a.trace", root / "b.trace"]
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda i: run_in_dir(specs[i][0], specs[i][1], dirs[i]), range(2)))
+        results = _run_sides([replace(sp, trace_dir=str(d)) for sp, d in zip(specs, dirs)], executor)
         for label, r in zip("AB", results):
             if not r.outcome or r.trace_dir is None:
                 tail = (r.stderr_tail or "").strip().splitlines()[-1:] or [""]
@@ -349,11 +340,28 @@ def run_zoom(
         za, zb = read_trace(dirs[0], allow_incomplete=True), read_trace(dirs[1], allow_incomplete=True)
         result = first_divergent_op(za, zb, module, step)
         if tmp is not None:
-            from dataclasses import replace
-
             result = replace(result, trace_a=None, trace_b=None)
         return result
     finally:
         if tmp is not None:
             tmp.cleanup()
 
+
+def _confirm_reruns(lines: list[str], confirm: Callable[[str], bool] | None) -> None:
+    """Raise ``UntrustedTraceError`` unless every re-run is trusted or ``confirm`` says yes."""
+    if not lines:
+        return
+    if confirm is None or not confirm("\n".join(lines)):
+        raise UntrustedTraceError(
+            lines[0] + ("" if len(lines) == 1 else f" (and {len(lines) - 1} more)")
+            + "; not run: pass --trust-trace (trust=True) if you trust this trace's command"
+        )
+
+
+def _run_sides(specs: list[ProbeSpec], executor: Executor | None) -> list[ProbeResult]:
+    """Both re-runs at once on ``executor``, or on a local executor of two jobs made here."""
+    if executor is None:
+        with LocalExecutor(jobs=len(specs)) as local:
+            return _run_sides(specs, local)
+    futures = [executor.submit(s) for s in specs]
+    return [f.result() for f in futures]

@@ -7,7 +7,7 @@
    executor and through the Ray executor (a local Ray instance, no dashboard), one at a
    time, so the difference is Ray's cost per probe (ship the archive, start a fresh worker
    process, return the trace) rather than parallelism. The probe is the real
-   ``reprobisect.core.probe.run_in_dir`` with a trivial command when the launcher is installed;
+   ``reprobisect.executors.process.run_in_dir`` with a trivial command when the launcher is installed;
    without it, a stand-in that runs ``python -c pass`` in the unpacked tree.
 
     python scripts/bench/bench_ray.py [--n 256] [--probes 8] [--skip-overhead]

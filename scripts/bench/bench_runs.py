@@ -123,7 +123,7 @@ def part_a(root: Path, commits: list[str], probes: int) -> dict:
 
 def part_b(root: Path, commits: list[str], culprit: int) -> dict:
     from reprobisect.core.options import ProbeOptions
-    from reprobisect.core.probe import compare_traces
+    from reprobisect.core.verdict import compare_results as compare_traces
     from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     cmd = ("python", "train.py")

@@ -12,6 +12,8 @@ import json
 import click
 
 from reprobisect.cli.options import capture_options, parse_steps
+from reprobisect.core.options import ProbeOptions
+from reprobisect.executors import executor_for
 from reprobisect.workflows.capture import CaptureConfig, capture
 
 __all__ = ["command"]
@@ -31,25 +33,29 @@ __all__ = ["command"]
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @capture_options
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out: str, shared: dict, state_steps: str, seed: str | None, stop_on_nonfinite: bool, max_disk: int | None,
+def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None, stop_on_nonfinite: bool, max_disk: int | None,
             max_records_per_step: int | None, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace.
 
-    --steps, --timeout, --full-steps and --config mean what they mean for the probing
-    commands, and a --config file's keys for them apply here too.
+    --steps, --timeout, --full-steps, --executor (with its flags) and --config mean what
+    they mean for the probing commands, and a --config file's keys for them apply here too.
     """
     config = CaptureConfig(
-        steps=shared["steps"],
-        full_steps=shared["full_steps"],
+        steps=options.steps,
+        full_steps=options.full_steps,
         state_steps=parse_steps(state_steps, "--state-steps"),
         seed=seed,
-        timeout=shared["timeout"],
+        timeout=options.timeout,
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
         max_records_per_step=max_records_per_step,
-        quiet=shared["quiet"] or as_json,  # --json: stdout is the JSON only
+        quiet=options.quiet or as_json,  # --json: stdout is the JSON only
     )
-    result = capture(list(cmd), out, config)
+    if options.executor == "local":
+        result = capture(list(cmd), out, config)  # streams the command's output live
+    else:
+        with executor_for(options) as ex:
+            result = capture(list(cmd), out, config, executor=ex)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return result.exit_code

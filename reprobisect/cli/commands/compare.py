@@ -12,8 +12,10 @@ import sys
 
 import click
 
-from reprobisect.cli.options import tolerance_from, tolerance_options
+from reprobisect.cli.options import executor_options, tolerance_from, tolerance_options
 from reprobisect.core import compare as _compare
+from reprobisect.core.options import ProbeOptions
+from reprobisect.executors import executor_for
 from reprobisect.exitcodes import ExitCode
 from reprobisect.render import comparison_json, render_comparison
 from reprobisect.workflows.zoom import run_zoom
@@ -38,8 +40,9 @@ def _tolerance_flags(f):
 @click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
 @click.option("--trust-trace", is_flag=True,
               help="With --zoom: re-run the commands recorded in traces this machine did not record, without asking.")
+@executor_options
 def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: float | None, override: tuple[str, ...],
-            allow_incomplete: bool, verify: bool, as_json: bool, zoom: bool, trust_trace: bool) -> int:
+            allow_incomplete: bool, verify: bool, as_json: bool, zoom: bool, trust_trace: bool, options: ProbeOptions) -> int:
     """Name the first step, stage and tensor where traces A and B disagree.
 
     Exit status: 0 when they agree (identical, or within the tolerance), 1 when they
@@ -57,7 +60,8 @@ def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: flo
         # zooms into the origin module, else the first divergence; without a terminal nobody can
         # be asked: an untrusted trace is refused unless --trust-trace
         confirm = _confirm if sys.stdin is not None and sys.stdin.isatty() else None
-        zoomed = run_zoom(a, b, result, trust=trust_trace, confirm=confirm)
+        with executor_for(options) as ex:  # --executor/--jobs: where the two re-runs go
+            zoomed = run_zoom(a, b, result, trust=trust_trace, confirm=confirm, executor=ex)
     if as_json:
         click.echo(json.dumps(comparison_json(result, zoomed), indent=1))
     else:

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from reprobisect.core.probe import CHECKS, compare_traces
+from reprobisect.core.verdict import CHECKS, compare_results
 from reprobisect.core.search import Bisection, SearchResult
 from reprobisect.core.session import ResultCache, SessionEvent, SessionLog, cache_key
 from reprobisect.errors import ProbeError, ReproError, UsageError
+from reprobisect.executors import executor_for
 from reprobisect.executors.base import Executor
 from reprobisect.render.runs import divergence_text, named, output_lines, place_text, probe_line, short
 from reprobisect.support.progress import Progress
@@ -80,7 +81,7 @@ class RunsSession:
         self.cfg = cfg
         self.opts = cfg.options
         self.terms: tuple[str, str] = (cfg.terms[0], cfg.terms[1])
-        self.tolerance = self.opts.tolerance_spec("bitwise")
+        self.tolerance = self.opts.tolerance_for("bitwise")
         self._given_executor = executor
         self._given_progress = progress
         self.on_event = on_event
@@ -111,7 +112,7 @@ class RunsSession:
             stack.callback(self.pool.shutdown, wait=True, cancel_futures=True)
             executor = self._given_executor
             if executor is None:  # made here, closed here (kills running probes, removes worktrees)
-                executor = stack.enter_context(contextlib.closing(self.opts.make_executor()))
+                executor = stack.enter_context(contextlib.closing(executor_for(self.opts)))
             self.prober = Prober(self.cfg, self.top, self.subdir, executor, ResultCache(self.cache_dir / "cache"),
                                  self.tolerance)
             self.prober.links = self.links
@@ -394,7 +395,7 @@ class RunsSession:
         if not last_good_trace or not bad_trace:
             return None, "no trace on one side to compare (the culprit did not record a trace)"
         try:
-            comp = compare_traces(last_good_trace, bad_trace, self.tolerance)
+            comp = compare_results(last_good_trace, bad_trace, self.tolerance)
         except ReproError as e:
             return None, f"traces could not be compared: {e}"
         except Exception as e:  # compare is another module's: never lose the answer over it

@@ -3,7 +3,7 @@
 ``Prober.judge`` answers good / bad / skip for one commit (before the terms are applied):
 from the cache when this probe ran before, else by running it (timeouts and infrastructure
 failures re-run ``retries`` times; with ``repeat`` R, R runs that must agree) and judging
-the result with ``reprobisect.core.probe.classify`` against the reference trace.
+the result with ``reprobisect.core.verdict.classify`` against the reference trace.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprobisect.core.probe import classify
+from reprobisect.core.verdict import classify
+from reprobisect.executors.retry import run_with_retry
 from reprobisect.core.session import ResultCache, cache_key, probe_environment
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
 from reprobisect.render.runs import divergence_place, verdict_reason
@@ -23,7 +24,6 @@ from reprobisect.workflows.runs.result import RunsConfig
 
 __all__ = ["Judged", "Prober"]
 
-_FROM_OUTSIDE = ("timeout", "infra")
 """Outcomes of a probe killed from outside (a timeout, a lost worker): not facts about the
 code, so re-run ``retries`` times and never cached."""
 
@@ -106,7 +106,7 @@ class Prober:
         trace = res.trace_dir if res.trace_dir and Path(res.trace_dir, "manifest.json").is_file() else None
         outcome = res.outcome.to_json()
         entry = None
-        if verdict != "skip" or res.outcome.status not in _FROM_OUTSIDE:
+        if verdict != "skip" or not res.outcome.retryable:
             entry = self.cache.put(key, verdict=verdict, reason=reason, outcome=outcome, trace=trace,
                                    extra={"commit": commit, "place": place})
         kept = str(entry.trace) if entry is not None and entry.trace else trace
@@ -169,18 +169,13 @@ class Prober:
 
     def _run_once(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeResult:
         """One probe with infrastructure retries (timeout / infra re-run ``retries`` times)."""
-        spec = self._spec(commit, full_steps)
-        attempt = 0
-        while True:
-            if self.stopping:
-                raise KeyboardInterrupt
-            with self._lock:
-                self.runs += 1
-            res = self.executor.submit(spec).result()
-            if res.outcome.status not in _FROM_OUTSIDE or attempt >= self.cfg.retries:
-                return res
-            attempt += 1
-            spec = replace(spec, attempt=spec.attempt + 1)
+        return run_with_retry(self.executor, self._spec(commit, full_steps), self.cfg.retries, before_each=self._count_run)
+
+    def _count_run(self) -> None:
+        if self.stopping:
+            raise KeyboardInterrupt
+        with self._lock:
+            self.runs += 1
 
     def _spec(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeSpec:
         with self._lock:

@@ -1,0 +1,380 @@
+"""Running one probe's child process on this machine: the launcher command, its process group, its end.
+
+``run_in_dir`` turns a ``ProbeSpec`` into a ``ProbeResult``: it rewrites the user's
+Python command into the launcher command (``launch_argv``), runs it in its own process
+group (so a timeout kills DataLoader workers too) and reads the outcome the launcher
+sealed in the trace's manifest. Whatever killed the probe from outside (a timeout, a
+signal, a lost manifest) is ``timeout``/``infra``: never evidence about the code.
+
+Both the local and the Ray executor (on its worker) call ``run_in_dir``; it imports no
+ML framework.
+
+Commands that are supported: ``python train.py ...``, ``python3 -m pkg ...``,
+``/path/to/python ...`` (with interpreter flags such as ``-u`` or ``-X dev``) and an
+executable script whose ``#!`` line names Python. Anything else (a shell script that
+wraps Python, ``torchrun``) is refused with one line saying so: its recorder cannot be
+installed without changing the user's command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from reprobisect.core.hints import missing_link_hint
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
+from reprobisect.core.probe import ProbeResult, ProbeSpec
+from reprobisect.errors import UsageError
+from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
+
+__all__ = ["launch_argv", "run_in_dir", "kill_all_running", "set_owner", "TAIL_BYTES", "KILL_GRACE_S"]
+
+TAIL_BYTES = 4096
+"""How much of the end of stdout / stderr a result keeps."""
+KILL_GRACE_S = 3.0
+"""Seconds between SIGTERM and SIGKILL when a probe's process group is stopped."""
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# interpreter options that take a separate value (python -X dev, -W ignore)
+_PY_OPTS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
+
+# process groups of probes running in this process -> owner token, for Ctrl-C (kill_all_running)
+_LIVE: dict[int, object] = {}
+_LIVE_LOCK = threading.Lock()
+_OWNER = threading.local()
+
+
+# --------------------------------------------------------------------------- argv
+
+
+def _is_python(exe: str) -> bool:
+    return bool(_PYTHON_NAME.match(os.path.basename(exe)))
+
+
+def _shebang_python(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _interpreter_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(interpreter options, program + args) of ``python [options] prog ...``."""
+    rest = argv[1:]
+    opts: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "-m" or not a.startswith("-") or a == "-":
+            break
+        if a == "-c" or a.startswith("-c"):
+            raise UsageError(
+                "bisect cannot probe 'python -c CODE'; put the code in a script and give 'python script.py'"
+            )
+        if a in _PY_OPTS_WITH_VALUE:
+            opts += rest[i : i + 2]
+            i += 2
+            continue
+        opts.append(a)
+        i += 1
+    prog = rest[i:]
+    if not prog:
+        raise UsageError(f"'{' '.join(argv)}' runs no script; give 'python train.py ...' or 'python -m pkg ...'")
+    return opts, prog
+
+
+def _split_interpreter(argv: list[str], cwd: Path | None) -> tuple[str | None, list[str], list[str]]:
+    """(interpreter as given or None for a #! script, interpreter options, program + args)."""
+    exe = argv[0]
+    if _is_python(exe):
+        opts, prog = _interpreter_options(argv)
+        return exe, opts, prog
+    path = Path(exe) if os.path.isabs(exe) or cwd is None else cwd / exe
+    if os.sep in exe and path.is_file() and _shebang_python(path):
+        return None, [], [exe, *argv[1:]]
+    raise UsageError(
+        f"bisect probes Python commands ('python train.py ...', 'python -m pkg ...', '/path/to/python ...'); "
+        f"'{exe}' is not one: give the python command it runs instead"
+    )
+
+
+def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> list[str]:
+    """The launcher command that records ``spec.argv`` into ``trace_dir``.
+
+    The interpreter is ``spec.python`` when given, else the command's own interpreter;
+    a bare ``python``/``python3``/``python3.X`` of the running version resolves to the
+    interpreter running reprobisect (the one an activated virtual environment gives);
+    another version by name or a path is kept as given. Raises ``UsageError`` for commands that
+    are not Python (see the module docstring).
+    """
+    argv = list(spec.argv)
+    if not argv:
+        raise UsageError("give the training command after --, e.g. bisect repro -- python train.py")
+    given, opts, prog = _split_interpreter(argv, cwd)
+    ours = {"python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}"}
+    if spec.python:
+        python = spec.python
+    elif given is None or given in ours:
+        python = sys.executable
+    else:
+        python = given  # a path, or another version by name (python3.10): that interpreter
+    cmd = [python, *opts, "-m", "reprobisect.runners.launch", "--trace", str(trace_dir), "--steps", str(spec.steps)]
+    if spec.full_steps:
+        cmd += ["--full-steps", ",".join(str(s) for s in spec.full_steps)]
+    if spec.state_steps:
+        cmd += ["--state-steps", ",".join(str(s) for s in spec.state_steps)]
+    if spec.stop_on_nonfinite:
+        cmd.append("--stop-on-nonfinite")
+    cmd += list(spec.extra_launch_args)
+    cmd.append("--")
+    cmd += prog
+    return cmd
+
+
+# --------------------------------------------------------------------------- process groups
+
+
+def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM the whole group, wait up to ``grace`` for the leader, then SIGKILL the group."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    if proc is not None:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        time.sleep(min(grace, 0.2))
+    _reap_group(pgid)
+
+
+def _reap_group(pgid: int) -> None:
+    """SIGKILL whatever is left of a process group (stray DataLoader workers, children)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def set_owner(owner: object | None) -> None:
+    """Tag the probes this thread starts from now on with ``owner`` (see ``kill_all_running``)."""
+    _OWNER.value = owner
+
+
+def kill_all_running(owner: object | None = None) -> int:
+    """Kill the process group of every probe running in this process (Ctrl-C), or only of
+    those started under ``set_owner(owner)``; returns how many."""
+    with _LIVE_LOCK:
+        groups = [g for g, o in _LIVE.items() if owner is None or o is owner]
+    for g in groups:
+        _kill_group(g, None, grace=0.5)
+    return len(groups)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class _Ended:
+    """How the child process ended and what it printed."""
+
+    returncode: int
+    timed_out: bool
+    out: str
+    err: str
+    both: str
+
+
+def _commit_of(workdir: Path) -> str | None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+    try:
+        r = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, timeout=30, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
+def _sealed_outcome(trace_dir: Path) -> Outcome | None:
+    try:
+        raw = json.loads((trace_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("status") == "incomplete" or not isinstance(raw.get("outcome"), dict):
+        return None
+    try:
+        return Outcome.from_json(raw["outcome"])
+    except (TypeError, ValueError):
+        return None
+
+
+_EXIT_OUTCOME = {v: k for k, v in LAUNCH_EXIT.items()}
+
+
+def _with(o: Outcome, **changes: Any) -> Outcome:
+    d = o.to_json()
+    d.update({k: v for k, v in changes.items() if d.get(k) is None or k in ("returncode", "wall_s")})
+    return Outcome(**d)
+
+
+def _unrunnable(spec: ProbeSpec, cwd: Path, cmd: list[str]) -> Outcome | None:
+    """A ``skip`` outcome when the folder or the interpreter is not there; None when it can run."""
+    if not cwd.is_dir():
+        return Outcome(Status.SKIP, detail=f"folder '{spec.subdir}' does not exist at this revision")
+    exe = cmd[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            return Outcome(Status.SKIP, detail=f"interpreter '{exe}' not found or not executable")
+    elif shutil.which(exe) is None:
+        return Outcome(Status.SKIP, detail=f"command '{exe}' not found on PATH")
+    return None
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
+    """(return code, timed out): the whole group is killed on a timeout or an interrupt."""
+    pgid = proc.pid
+    try:
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            _kill_group(pgid, proc)
+            return proc.wait(), True
+        except BaseException:
+            _kill_group(pgid, proc, grace=0.5)
+            proc.wait()
+            raise
+    finally:
+        _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
+
+
+def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None, trace_dir: Path,
+               echo: bool) -> _Ended | Outcome:
+    """Run ``cmd`` in its own process group, keeping (and maybe echoing) its output; an
+    ``Outcome`` (skip) when it cannot even start."""
+    log = BoundedOutput()
+    try:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError, OSError) as e:
+        return Outcome(Status.SKIP, detail=f"cannot start '{cmd[0]}': {e.strerror or e}")
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = getattr(_OWNER, "value", None)
+    to_out, to_err = echo_streams() if echo else (None, None)
+    readers, (out_ring, err_ring) = pump([(proc.stdout, to_out), (proc.stderr, to_err)], log, TAIL_BYTES)
+    try:
+        rc, timed_out = _wait(proc, timeout)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+        for t in readers:  # the group is dead: its pipes end (a daemon outside it may keep one open)
+            t.join(timeout=2.0)
+        if (trace_dir / "manifest.json").is_file():
+            try:
+                log.save(trace_dir / OUTPUT_LOG)
+            except OSError:
+                pass  # the output is a courtesy: never a reason to lose the probe
+    return _Ended(rc, timed_out, out_ring.tail_text(TAIL_BYTES), err_ring.tail_text(TAIL_BYTES),
+                  log.tail_text(TAIL_BYTES))
+
+
+def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outcome:
+    """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
+    rc, err = end.returncode, end.err
+    if end.timed_out:
+        return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; process group killed", returncode=rc)
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
+    sealed = _sealed_outcome(trace_dir)
+    if sealed is not None:
+        return _with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status is Status.OK else sealed.trace)
+    if "No module named reprobisect" in err or "No module named 'reprobisect" in err:
+        return Outcome(Status.SKIP, detail=f"the interpreter '{exe}' cannot import reprobisect; install it there",
+                       returncode=rc)
+    status = _EXIT_OUTCOME.get(rc)
+    if status in (Status.SKIP, Status.NO_STEPS):
+        return Outcome(status, detail=_last_line(err), returncode=rc)
+    return Outcome(Status.INFRA, detail=f"the launcher exited {rc} without sealing a trace: {_last_line(err)}",
+                   returncode=rc)
+
+
+def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = False) -> ProbeResult:
+    """Run one probe of ``spec`` in ``workdir/spec.subdir``, recording into ``trace_dir``.
+
+    ``spec.env`` is added to this process's environment; the command runs in its own
+    session (process group). Outcome: the one the launcher sealed in the trace manifest;
+    ``timeout`` when ``spec.timeout`` passed (the whole group is killed: SIGTERM, then
+    SIGKILL after ``KILL_GRACE_S``); ``infra`` when it was killed by a signal or left no
+    sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
+    Raises ``UsageError`` only for a command that is not Python (nothing can run it).
+
+    The command's stdout and stderr are kept, bounded (``reprobisect.support.outputlog``), as
+    ``output.log`` in ``trace_dir`` once it ended (when the launcher made the trace
+    folder); ``echo`` also streams them live to this process's stdout/stderr (``bisect
+    capture``). The result's ``output_tail`` holds the last lines of both, interleaved.
+    """
+    workdir = Path(workdir)
+    trace_dir = Path(trace_dir)
+    cwd = (workdir / spec.subdir).resolve()
+    t0 = time.monotonic()
+    commit = _commit_of(workdir)
+    end: _Ended | Outcome | None = None
+    cmd = launch_argv(spec, trace_dir, cwd) if cwd.is_dir() else []
+    outcome = _unrunnable(spec, cwd, cmd)
+    if outcome is None:
+        trace_dir.parent.mkdir(parents=True, exist_ok=True)
+        end = _run_child(cmd, cwd, {**os.environ, **spec.env}, spec.timeout, trace_dir, echo)
+        outcome = end if isinstance(end, Outcome) else _judge_end(spec, cmd[0], trace_dir, end)
+    ended = end if isinstance(end, _Ended) else _Ended(0, False, "", "", "")
+    outcome = _with(outcome, wall_s=round(time.monotonic() - t0, 3))
+    if not outcome and spec.repo and spec.revision:
+        outcome = _link_hint(outcome, spec, workdir, ended.err)
+    return ProbeResult(
+        spec=spec,
+        outcome=outcome,
+        trace_dir=str(trace_dir) if (trace_dir / "manifest.json").is_file() else None,
+        commit_ran=commit,
+        host=os.uname().nodename,
+        stdout_tail=ended.out,
+        stderr_tail=ended.err,
+        output_tail=ended.both,
+    )
+
+
+def _link_hint(outcome: Outcome, spec: ProbeSpec, workdir: Path, err: str) -> Outcome:
+    """Say ``--link PATH`` when the probe failed on a file the user's checkout has and the
+    worktree lacks (data git ignores, an untracked config); ``reprobisect.core.hints``."""
+    try:
+        hint = missing_link_hint("\n".join(x for x in (outcome.detail, outcome.traceback or "", err) if x),
+                                 workdir, str(spec.repo), spec.subdir)
+    except (OSError, ValueError):
+        return outcome
+    if not hint:
+        return outcome
+    detail = outcome.detail if len(outcome.detail) <= 160 else outcome.detail[:159] + "…"
+    return replace(outcome, detail=f"{detail}; {hint}" if detail else hint)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else ""
