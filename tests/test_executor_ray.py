@@ -547,3 +547,54 @@ def test_local_instance_started_and_shut_down(tmp_path):
     assert errors[0].startswith("ProbeError: cannot reach the Ray cluster at '127.0.0.1:1' (")
     assert errors[1] == "UsageError: 'nonsense' is not a Ray address; use auto, HOST:PORT or ray://HOST:10001"
     shutil.rmtree(short_tmp, ignore_errors=True)
+
+
+_SCALED_FORWARD = textwrap.dedent(
+    """
+    import torch
+    torch.manual_seed(0)
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.lin(x).mul({scale})
+
+    model = Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(8, 4)).pow(2).mean().backward()
+        opt.step()
+    """
+)
+
+
+def test_bisect_capture_and_compare_zoom_take_executor_ray_from_the_command_line(cluster, tmp_path, capsys):
+    """The CLI hands --executor ray (and its --address) to capture and to compare --zoom: the
+    runs happen on the cluster's workers, and the traces land where the user said."""
+    from reprobisect.cli import main
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "train.py").write_text(_SCALED_FORWARD.format(scale="1.0"))
+    a, b = tmp_path / "a.trace", tmp_path / "b.trace"
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        assert main(["capture", "-q", "--executor", "ray", "--address", cluster.address, "--steps", "2",
+                     "-o", str(a), "--", sys.executable, "train.py"]) == 0
+        (work / "b.py").write_text(_SCALED_FORWARD.format(scale="1.5"))
+        assert main(["capture", "-q", "--executor", "ray", "--address", cluster.address, "--steps", "2",
+                     "-o", str(b), "--", sys.executable, "b.py"]) == 0
+        capsys.readouterr()
+        rc = main(["compare", str(a), str(b), "--zoom", "--executor", "ray", "--address", cluster.address, "--json"])
+    finally:
+        os.chdir(old)
+    assert rc == 1
+    out = json.loads(capsys.readouterr().out)
+    assert read_trace(a).manifest.outcome["status"] == read_trace(b).manifest.outcome["status"] == "ok"
+    assert out["first"]["module"] == "Scaled", out["first"]
+    assert out["zoom"]["verdict"] == "origin" and "mul" in json.dumps(out["zoom"]), out["zoom"]  # the op that differs

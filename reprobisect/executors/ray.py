@@ -318,6 +318,10 @@ def _run_unpacked(spec: ProbeSpec, run_spec: ProbeSpec, kind: str, value: Any, w
         if missing:
             return ProbeResult(spec=run_spec, outcome=Outcome("skip", detail=missing), host=socket.gethostname()), commit
         made = make_links(workdir, spec.repo, spec.links) if spec.links and not shared else []
+        if not shared and spec.revision is None and spec.workdir:  # a copy of the controller's folder:
+            # the trace names the folder it came from, so zoom (and people) can re-run it there
+            origin = str(Path(spec.workdir) / spec.subdir)
+            run_spec = replace(run_spec, extra_launch_args=(*run_spec.extra_launch_args, "--recorded-cwd", origin))
         try:
             return runner(run_spec, workdir, staging), commit
         finally:

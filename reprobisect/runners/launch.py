@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-on-nonfinite", action="store_true", help="end at the first NaN/Inf (outcome nonfinite)")
     p.add_argument("--max-disk", type=int, default=None, help="bound in bytes for the trace's full tensors and state")
     p.add_argument("--seed", default=None, help="the seed this run uses (recorded in the manifest)")
+    p.add_argument("--recorded-cwd", default=None,
+                   help="the folder to record as the command's cwd when its code was shipped to run elsewhere "
+                        "(a Ray worker's copy of the controller's folder), so the trace can be re-run where it came from")
     p.add_argument("--zoom-module", default=None, help="module whose aten ops are recorded at --zoom-step")
     p.add_argument("--zoom-step", type=int, default=None, help="step of the op-level zoom")
     p.add_argument("--max-records-per-step", type=int, default=20000,
@@ -181,7 +184,8 @@ class _Run:
             policy=self.policy_json,
             seed=ns.seed,
             revision=revision_of(None if prog[0] == "-m" else prog[0]),
-            recorder={"launcher": "reprobisect.runners.launch", "cwd": os.getcwd()},
+            recorder={"launcher": "reprobisect.runners.launch", "cwd": ns.recorded_cwd or os.getcwd(),
+                      **({"ran_in": os.getcwd()} if ns.recorded_cwd else {})},
         )
 
     def activate(self, entry: RecorderEntry) -> None:
