@@ -77,6 +77,7 @@ from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
 from reprobisect.core.probe import ProbeResult, ProbeSpec, trace_path
 from reprobisect.core.probe import trace_dir_name as _trace_dir_name
 from reprobisect.executors.flags import ExecutorFlag
+from reprobisect.executors.process import KILL_GRACE_S, run_in_dir
 from reprobisect.support.interrupt import make_temp_dir
 from reprobisect.trace.format import FORMAT, VERSION, Manifest, Step, shard_name
 from reprobisect.trace.reader import Trace, read_trace
@@ -303,8 +304,7 @@ def _run_unpacked(spec: ProbeSpec, run_spec: ProbeSpec, kind: str, value: Any, w
                   runner: Callable[[ProbeSpec, Path, Path], ProbeResult] | None) -> tuple[ProbeResult, str | None]:
     """Unpack the code into ``work`` (or use the shared folder), make the links, run the probe
     into ``staging``; the result and the commit the tar named. ``work`` is removed after."""
-    if runner is None:
-        from reprobisect.executors.process import run_in_dir as runner
+    runner = runner or run_in_dir
     commit = None
     shared = kind == "shared"
     try:
@@ -727,8 +727,6 @@ class RayExecutor:
         self._wake.set()
 
     def _deadline(self, spec: ProbeSpec) -> float:
-        from reprobisect.executors.process import KILL_GRACE_S
-
         budget = spec.timeout + KILL_GRACE_S + self.start_grace_s if spec.timeout else self.max_probe_s
         return time.monotonic() + budget
 

@@ -26,6 +26,7 @@ from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
 from reprobisect.executors.retry import retry, run_with_retry
+from reprobisect.render.runs import divergence_place
 from reprobisect.support.progress import progress
 from reprobisect.trace.reader import read_trace
 
@@ -48,11 +49,9 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
 
 
 def place(comp: Comparison | None) -> str | None:
-    """``step S · kind · name`` of a comparison's first difference (None when identical)."""
-    if comp is None or bool(comp):
-        return None
-    d = getattr(comp, "first", None)
-    return f"step {d.step} · {d.kind} · {d.name}" if d is not None else "structure"
+    """``step S · kind · name`` of a comparison's first difference (None when identical;
+    ``'structure'`` when only the traces' structure differs)."""
+    return divergence_place(comp, structure_only="structure")
 
 
 def _failed(results: list[ProbeResult], what: str) -> ProbeError:
