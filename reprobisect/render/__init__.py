@@ -8,6 +8,7 @@ imports nothing of reprobisect but itself, so any layer may render without a cyc
 ``repro``       ``bisect repro`` and ``bisect probe``
 ``seeds``       ``bisect seeds``
 ``envs``        ``bisect envs`` (and ``format_changes`` for environment diffs)
+``runs``        ``bisect runs`` (imported from ``reprobisect.render.runs``; it builds on ``comparison``)
 
 The values' own ``to_json`` (trace manifest and steps, session log events, ``Outcome``,
 the comparison's data) stays with them: it is what they persist or embed; the documents
