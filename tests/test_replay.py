@@ -1,0 +1,219 @@
+"""Replay from a recorded complete state (issue 12 item 4's mechanism).
+
+Each training script (in the styles of ``examples/corpus``) is recorded uninterrupted for
+N steps with complete state captured after step S-1, then replayed: the unmodified
+command runs again from its start, loads that state where step S began and records steps
+S..N-1. The replayed steps must equal the uninterrupted recording's bitwise, record by
+record (``core.compare``). Where the state cannot be restored faithfully the replay ends
+as ``skip`` with a one-line reason; where the loop's own variables make the replay differ,
+``verify_replay`` says so and the result is not faithful.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from reprobisect.core.compare import Tolerance, compare_traces  # noqa: E402
+from reprobisect.core.outcome import Status  # noqa: E402
+from reprobisect.trace.reader import read_trace  # noqa: E402
+from reprobisect.workflows.replay import last_state_before, replay, replay_info  # noqa: E402
+
+PY = sys.executable
+N, S = 7, 3  # record steps 0..6 with state after step 2; replay steps 3..6
+
+LOADER_ADAM_SCALER = '''
+import random
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0); random.seed(0); np.random.seed(0)
+g = torch.Generator().manual_seed(123)
+ds = TensorDataset(torch.randn(20, 8, generator=g), torch.randn(20, 1, generator=g))
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+loader = DataLoader(ds, batch_size=6, shuffle=True)  # 4 batches an epoch: the replay crosses epochs
+for epoch in range(100):
+    for x, y in loader:
+        noise = torch.randn(()) * random.random() * float(np.random.rand()) * 1e-2
+        loss = ((model(x) - y) ** 2).mean() + noise
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+'''
+
+SGD_LOADER_GENERATOR = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(3)
+g = torch.Generator().manual_seed(1)
+ds = TensorDataset(torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
+model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Dropout(0.2), nn.Linear(12, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[2, 4], gamma=0.3)
+loader = DataLoader(ds, batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(5))
+while True:
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+'''
+
+GET_BATCH = '''
+import torch
+from torch import nn
+
+torch.manual_seed(1337)
+data = torch.randint(0, 32, (400,))
+block, bs = 8, 4
+
+def get_batch():
+    ix = torch.randint(len(data) - block - 1, (bs,))
+    return (torch.stack([data[i:i + block] for i in ix]), torch.stack([data[i + 1:i + 1 + block] for i in ix]))
+
+class TinyGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(32, 16)
+        self.drop = nn.Dropout(0.1)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.head = nn.Linear(16, 32, bias=False)
+
+    def forward(self, idx, targets):
+        h = self.drop(self.wte(idx))
+        h = h + self.mlp(h)
+        logits = self.head(h)
+        return logits, nn.functional.cross_entropy(logits.view(-1, 32), targets.view(-1))
+
+model = TinyGPT()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
+iter_num = 0
+while True:
+    X, Y = get_batch()
+    logits, loss = model(X, Y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    iter_num += 1
+'''
+
+# nanoGPT's learning rate comes from the loop's own counter: not in any state_dict
+GET_BATCH_LR_FROM_COUNTER = GET_BATCH.replace(
+    "    X, Y = get_batch()\n",
+    "    for group in opt.param_groups:\n        group['lr'] = 3e-3 * min(1.0, (iter_num + 1) / 10)\n"
+    "    X, Y = get_batch()\n",
+)
+
+ITERABLE = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(Stream(), batch_size=2):
+    opt.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+'''
+
+SCRIPTS = {"loader_adam_scaler": LOADER_ADAM_SCALER, "sgd_loader_generator": SGD_LOADER_GENERATOR,
+           "get_batch": GET_BATCH, "lr_from_counter": GET_BATCH_LR_FROM_COUNTER, "iterable": ITERABLE}
+
+
+def _record(folder: Path, name: str, steps: int = N, state_after: int = S - 1):
+    script = folder / f"{name}.py"
+    script.write_text(textwrap.dedent(SCRIPTS[name]))
+    trace = folder / f"{name}.full.trace"
+    r = subprocess.run([PY, "-m", "reprobisect.runners.launch", "--trace", str(trace), "--steps", str(steps),
+                        "--state-steps", str(state_after), "--", script.name], cwd=folder, capture_output=True,
+                       text=True, timeout=300, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr[-3000:]
+    return read_trace(trace)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("replay")
+
+
+def _replay(work: Path, name: str, full, first: int = S, steps: int = N - S):
+    return replay(["python", f"{name}.py"], full.path, first, work / f"{name}.replay{first}.trace", steps=steps,
+                  cwd=work)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["loader_adam_scaler", "sgd_loader_generator", "get_batch"])
+def test_replayed_steps_equal_the_uninterrupted_recording_bitwise(work, name):
+    full = _record(work, name)
+    res = _replay(work, name, full)
+    assert res.outcome.status is Status.OK, res.outcome
+    assert res.faithful is True and res.steps_checked == N - S, res.detail
+    rep = read_trace(res.trace)
+    assert [s.step for s in rep.steps] == list(range(S, N))
+    info = replay_info(rep)
+    assert info["from"] == str(full.path.resolve()) and info["step"] == S and info["restored"] is True
+    assert info["mode"] == ("step_end" if name == "get_batch" else "loader")
+    tail = dataclasses.replace(full, steps=[s for s in full.steps if s.step >= S])
+    comp = compare_traces(tail, rep, Tolerance(mode="bitwise"))
+    assert comp.first is None and comp.steps_compared == N - S, comp.first
+    for k in range(S, N):  # record by record, the same chain (no init: that is step 0's)
+        a, b = full.step(k), rep.step(k)
+        assert len(a.records) > 10 and [(r.key, r.fingerprint) for r in a.records] == \
+            [(r.key, r.fingerprint) for r in b.records]
+        assert a.batch_ids == b.batch_ids and a.scalars.get("lr") == b.scalars.get("lr")
+        assert a.scalars.get("scaler_scale") == b.scalars.get("scaler_scale")
+
+
+@pytest.mark.slow
+def test_a_loader_whose_position_cannot_be_set_is_refused(work):
+    full = _record(work, "iterable", steps=4, state_after=1)
+    res = _replay(work, "iterable", full, first=2, steps=2)
+    assert res.outcome.status is Status.SKIP and not res
+    assert res.outcome.detail == ("cannot replay: the DataLoader reads an IterableDataset, whose position "
+                                  "cannot be set")
+    assert replay_info(read_trace(res.trace, allow_incomplete=True))["refused"] == res.outcome.detail
+
+
+@pytest.mark.slow
+def test_loop_state_outside_the_checkpoint_makes_the_replay_unfaithful(work):
+    full = _record(work, "lr_from_counter")
+    res = _replay(work, "lr_from_counter", full)
+    assert res.outcome.status is Status.OK  # it ran: only the comparison with the original shows it
+    assert res.faithful is False and not res
+    assert "step 4:" in res.detail and "not faithful" in res.detail, res.detail
+
+
+@pytest.mark.slow
+def test_no_state_at_the_step_before_is_refused(work):
+    full = read_trace(work / "get_batch.full.trace") if (work / "get_batch.full.trace").is_dir() else \
+        _record(work, "get_batch")
+    assert last_state_before(full, 6) == S - 1 and last_state_before(full, S - 1) is None
+    res = _replay(work, "get_batch", full, first=5, steps=1)
+    assert res.outcome.status is Status.SKIP
+    assert res.outcome.detail.startswith("cannot replay: trace ") and "holds no state at step 4" in res.outcome.detail
