@@ -5,6 +5,7 @@
     python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
         [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
+        [--replay-from TRACE --replay-step S]
         --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
@@ -39,6 +40,13 @@ returned as the exit status (``reprobisect.core.outcome.LAUNCH_EXIT``):
   torch, or never called ``optimizer.step()`` nor updated a parameter after ``backward()``),
   or it ran 200 backward passes with neither (reported then, not after the whole script).
   The detail says what to do next. Trace ``failed``.
+
+``--replay-from TRACE --replay-step S`` replays: the command runs from its start with the
+recorder quiet, loads the complete state TRACE captured after step ``S - 1`` where step
+``S`` began, and records ``--steps`` steps numbered ``S, S+1, ...``; the manifest's
+``extra.replay`` says from which trace and step. A state that cannot be restored
+faithfully ends the run as ``skip`` ("cannot replay: ...");
+``reprobisect.runners.replay_torch`` has the details.
 
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
 arguments (``bisect seeds`` substitutes ``{seed}`` into the command). Without ``--seed``
@@ -207,7 +215,8 @@ class _Run:
             if self.ns.replay_from is not None and entry.name == "torch":
                 from reprobisect.runners.replay_torch import Replayer
 
-                self.replayer = Replayer(recorder, self.ns.replay_from, self.ns.replay_step, self.ns.steps).install()
+                self.replayer = Replayer(recorder, self.ns.replay_from, self.ns.replay_step, self.ns.steps)
+                self.replayer.install()
 
     def watch_imports(self) -> None:
         """Activate each registered recorder whose trigger is imported already; watch the others' triggers."""
@@ -291,7 +300,11 @@ class _Run:
             e = self.recorder.stop  # the recorder stopped the run and the program turned that into another exception
             from_stop = True
         if from_stop:
-            return _stop_outcome(e)
+            out = _stop_outcome(e)
+            if self.replayer is not None and out.status is Status.OK:
+                out = Outcome(Status.OK, detail=f"replayed {self.steps_done} step(s) from step {self.ns.replay_step} "
+                                                f"(the state {self.ns.replay_from} holds after step {self.ns.replay_step - 1})")
+            return out
         step = self.steps_done
         if isinstance(e, SystemExit):
             code = e.code

@@ -85,54 +85,56 @@ class Replayer:
         self._handles: list[Any] = []
         self._undo: list[Any] = []
         self._burned = False
-        self._load()
+        self.state: dict[str, Any] = {}
+        self.at_step_end: dict[str, Any] | None = None
+        self.classes: dict[str, str] = {}
 
     # -- set up ----------------------------------------------------------------------
 
     def _load(self) -> None:
         s = self.first_step
         if s < 1:
-            raise _refuse(f"--replay-step {s}: step 0 has no earlier state; record from the start instead")
+            raise self._fail(f"--replay-step {s}: step 0 has no earlier state; record from the start instead")
         try:
             self.state = torch_state.load_state(self.trace, s - 1)
             self.at_step_end, self.classes = torch_state.load_rng_at_step_end(self.trace, s - 1)
         except ReproError as e:
-            raise _refuse(str(e)) from None
+            raise self._fail(str(e)) from None
         names = [n for n in self.state if n not in ("rng", "data")]
         if not any(n.startswith("optimizer") for n in names):
-            raise _refuse(f"the state at step {s - 1} holds no optimizer (a loop without torch.optim "
-                          "cannot be replayed yet)")
+            raise self._fail(f"the state at step {s - 1} holds no optimizer (a loop without torch.optim "
+                             "cannot be replayed yet)")
         pos = (self.state.get("data") or {}).get("position") or {}
-        if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
-            raise _refuse("Lightning runs cannot be replayed yet")
         if pos.get("epoch") is not None and pos.get("exact") and self.state["data"]["start"] is not None:
             self.mode = "loader"
         elif "data" in self.state:
-            raise _refuse(f"the DataLoader's position at step {s - 1} is unknown ({pos.get('note', 'not tracked')})")
+            raise self._fail(f"the DataLoader's position at step {s - 1} is unknown ({pos.get('note', 'not tracked')})")
         elif self.at_step_end is None:
-            raise _refuse(f"the state at step {s - 1} was captured outside a step, without the step-end RNG")
+            raise self._fail(f"the state at step {s - 1} was captured outside a step, without the step-end RNG")
         else:
             self.mode = "step_end"
 
     def install(self) -> "Replayer":
-        """Quiet the recorder and hook the restore point."""
+        """Read the state, quiet the recorder and hook the restore point (``ReplayRefused`` when
+        the state cannot be replayed at all)."""
+        self._load()
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
         from torch.utils.data import DataLoader
 
         self.rec.done = True
         torch_state.track_data_order()
+        orig = DataLoader.__dict__["__iter__"]
+        rp = self
+
+        def __iter__(loader):  # noqa: N807 - the restore point of a loader loop
+            if not rp.restored and rp.refused is None and torch.is_grad_enabled():
+                rp._at_loader(loader)
+            return orig(loader)
+
+        DataLoader.__iter__ = __iter__
+        self._undo.append(lambda: setattr(DataLoader, "__iter__", orig))
         if self.mode == "loader":
-            orig = DataLoader.__dict__["__iter__"]
-            rp = self
-
-            def __iter__(loader):  # noqa: N807 - the restore point of a loader loop
-                if not rp.restored and rp.refused is None and torch.is_grad_enabled():
-                    rp._at_loader(loader)
-                return orig(loader)
-
-            DataLoader.__iter__ = __iter__
-            self._undo.append(lambda: setattr(DataLoader, "__iter__", orig))
             self._handles.append(optim_module.register_optimizer_step_pre_hook(self._early_step))
         else:
             self._handles.append(optim_module.register_optimizer_step_post_hook(self._step_end))
@@ -158,6 +160,9 @@ class Replayer:
     def _at_loader(self, loader: Any) -> None:
         from torch.utils.data import IterableDataset
 
+        if self.mode != "loader":
+            raise self._fail(f"the command iterates a DataLoader, but the state at step {self.first_step - 1} holds "
+                             "no DataLoader position (the loader was not kept alive, or not tracked)")
         pos = self.state["data"]["position"]
         if isinstance(getattr(loader, "dataset", None), IterableDataset):
             raise self._fail("the DataLoader reads an IterableDataset, whose position cannot be set")
@@ -176,6 +181,8 @@ class Replayer:
         torch_state.restore_rng(self.at_step_end or {})
 
     def _boundary(self, module: Any, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if not self._burned or self.restored or self.refused is not None:
             return
         want = self.state.get("rng", {})
@@ -201,7 +208,7 @@ class Replayer:
 
     def _fail(self, detail: str) -> ReplayRefused:
         e = _refuse(detail)
-        self.refused = e.detail  # the hooks stay (one may be running now) and do nothing from here
+        self.refused = self.refused or e.detail  # the hooks stay (one may be running now) and do nothing from here
         return e
 
     # -- objects ---------------------------------------------------------------------------
@@ -214,6 +221,8 @@ class Replayer:
             from torch.amp import GradScaler
         except ImportError:  # pragma: no cover - torch < 2.3
             from torch.cuda.amp import GradScaler  # type: ignore[no-redef]
+        if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
+            raise self._fail("Lightning runs cannot be replayed yet (the trainer's loop state is not in the state)")
         gc.collect()
         live = gc.get_objects()
         kinds = {

@@ -103,18 +103,21 @@ def verify_replay(replayed: Trace, original: Trace) -> tuple[str | None, int]:
 
 def replay(argv: Sequence[str], state_trace: str | os.PathLike, step: int, out: str | os.PathLike, *,
            steps: int = 1, config: CaptureConfig | None = None, cwd: str | os.PathLike | None = None,
-           original: str | os.PathLike | None = None, executor: Any = None) -> ReplayResult:
+           original: str | os.PathLike | None = None, executor: Any = None,
+           launch_args: Sequence[str] = ()) -> ReplayResult:
     """Run ``argv`` from the state ``state_trace`` holds after step ``step - 1`` and record
     steps ``step .. step + steps - 1`` into ``out``; check them against ``original`` (default
     ``state_trace``: the run the state came from). ``config`` sets everything else a capture
-    takes (timeout, full steps, environment...); its ``steps`` and ``state_steps`` are ignored."""
+    takes (timeout, full steps, environment...); its ``steps`` and ``state_steps`` are ignored.
+    ``launch_args``: further launcher options (``--zoom-module M --zoom-step K``)."""
     if step < 1:
         raise UsageError(f"replay step {step}: a replay starts at step 1 or later (step 0 has no earlier state)")
     src = Path(state_trace).resolve()
     base = config or CaptureConfig(quiet=True)
     cfg = CaptureConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, "steps": steps,
                            "state_steps": ()})
-    outcome, trace = _run(argv, out, cfg, cwd, executor, ("--replay-from", str(src), "--replay-step", str(step)))
+    outcome, trace = _run(argv, out, cfg, cwd, executor,
+                          (*launch_args, "--replay-from", str(src), "--replay-step", str(step)))
     if outcome.status not in (Status.OK, Status.NONFINITE):
         return ReplayResult(outcome, trace, step, str(src), None, outcome.detail or "")
     mine = read_trace(trace, allow_incomplete=True)
