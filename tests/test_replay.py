@@ -225,3 +225,52 @@ def test_no_state_at_the_step_before_is_refused(work):
     res = _replay(work, "get_batch", full, first=5, steps=1)
     assert res.outcome.status is Status.SKIP
     assert res.outcome.detail.startswith("cannot replay: trace ") and "holds no state at step 4" in res.outcome.detail
+
+
+# -- cheap: the checks around a replay, on traces written by hand ------------------------------
+
+def _trace(path: Path, steps: dict[int, dict], states: tuple[int, ...] = ()):
+    from reprobisect.trace.format import Record
+    from reprobisect.trace.writer import TraceWriter
+
+    with TraceWriter(path) as w:
+        for k, spec in steps.items():
+            w.begin_step(k)
+            for kind, name, fp in spec.get("records", ()):
+                w.record(Record(name=name, kind=kind, dtype="float32", shape=(2,), fingerprint=fp))
+            w.end_step({"lr": spec.get("lr", [0.1])}, batch_ids=spec.get("ids"))
+        for k in states:
+            w.write_state(k, "rng", {}, {"state": {}, "objects": []})
+    return read_trace(path)
+
+
+def test_verify_replay_names_the_first_step_and_record_that_disagree(tmp_path):
+    from reprobisect.workflows.replay import verify_replay
+
+    def step(fp, lr=0.1, ids=(1, 2)):
+        return {"records": [("loss", "loss", "a"), ("param", "w", fp)], "lr": [lr], "ids": list(ids)}
+
+    orig = _trace(tmp_path / "o", {k: step(f"p{k}") for k in range(6)}, states=(1, 3))
+    same = _trace(tmp_path / "s", {k: step(f"p{k}") for k in (4, 5, 6)})  # step 6: the original has none
+    assert verify_replay(same, orig) == (None, 2)
+    other_param = _trace(tmp_path / "p", {4: step("p4"), 5: step("x")})
+    assert verify_replay(other_param, orig) == ("step 5: param 'w' differs from the original run's", 2)
+    other_lr = _trace(tmp_path / "l", {4: step("p4", lr=0.2)})
+    assert verify_replay(other_lr, orig)[0] == "step 4: scalar 'lr' differs from the original run's"
+    other_batch = _trace(tmp_path / "b", {4: step("p4", ids=(2, 1))})
+    assert verify_replay(other_batch, orig)[0] == "step 4: the replay drew other batches than the original run"
+    # a record only one side holds (a sentinel original has no activations) is not a disagreement
+    more = _trace(tmp_path / "m", {4: {**step("p4"), "records": [("activation", "fc", "z"), *step("p4")["records"]]}})
+    assert verify_replay(more, orig) == (None, 1)
+    # the state a replay of step t starts from: the last one captured before t
+    assert [last_state_before(orig, t) for t in (1, 2, 3, 4, 9)] == [None, 1, 1, 3, 3]
+
+
+def test_launcher_replay_options_go_together():
+    from reprobisect.errors import UsageError
+    from reprobisect.runners.launch import parse_args
+
+    with pytest.raises(UsageError, match="--replay-from and --replay-step go together"):
+        parse_args(["--trace", "t", "--replay-from", "x", "--", "train.py"])
+    ns, _ = parse_args(["--trace", "t", "--replay-from", "x", "--replay-step", "4", "--", "train.py"])
+    assert (ns.replay_from, ns.replay_step) == ("x", 4)
