@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 from reprobisect.core.compare import Tolerance, compare_traces  # noqa: E402
 from reprobisect.core.outcome import Status  # noqa: E402
 from reprobisect.trace.reader import read_trace  # noqa: E402
-from reprobisect.workflows.replay import last_state_before, replay, replay_info  # noqa: E402
+from reprobisect.workflows.replay import last_state_before, replay, replay_info, replay_through  # noqa: E402
 
 PY = sys.executable
 N, S = 7, 3  # record steps 0..6 with state after step 2; replay steps 3..6
@@ -239,6 +239,19 @@ def test_no_state_at_the_step_before_is_refused(work):
     res = _replay(work, "get_batch", full, first=5, steps=1)
     assert res.outcome.status is Status.SKIP
     assert res.outcome.detail.startswith("cannot replay: trace ") and "holds no state at step 4" in res.outcome.detail
+
+
+@pytest.mark.slow
+def test_replay_through_a_step_starts_from_the_last_state_before_it(work):
+    full = read_trace(work / "get_batch.full.trace") if (work / "get_batch.full.trace").is_dir() else \
+        _record(work, "get_batch")
+    late = replay_through(["python", "get_batch.py"], full.path, 5, work / "through5.trace", cwd=work)
+    assert late.first_step == S and late.faithful is True and late.steps_checked == 3
+    assert [s.step for s in read_trace(late.trace).steps] == [3, 4, 5]
+    early = replay_through(["python", "get_batch.py"], full.path, 2, work / "through2.trace", cwd=work)
+    assert early.first_step == 0 and early.faithful is True and early.detail.startswith("recorded from step 0")
+    assert [s.step for s in read_trace(early.trace).steps] == [0, 1, 2]
+    assert replay_info(read_trace(early.trace)) is None
 
 
 # -- cheap: the checks around a replay, on traces written by hand ------------------------------

@@ -33,7 +33,7 @@ from reprobisect.executors.local import LocalExecutor
 from reprobisect.trace.outdir import check_trace_target
 from reprobisect.workflows.capture import CaptureConfig
 
-__all__ = ["ReplayResult", "replay", "verify_replay", "last_state_before", "replay_info"]
+__all__ = ["ReplayResult", "replay", "replay_through", "verify_replay", "last_state_before", "replay_info"]
 
 _SCALARS = ("lr", "loss", "scaler_scale")
 
@@ -113,11 +113,35 @@ def replay(argv: Sequence[str], state_trace: str | os.PathLike, step: int, out: 
     if step < 1:
         raise UsageError(f"replay step {step}: a replay starts at step 1 or later (step 0 has no earlier state)")
     src = Path(state_trace).resolve()
-    base = config or CaptureConfig(quiet=True)
-    cfg = CaptureConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, "steps": steps,
-                           "state_steps": ()})
+    cfg = _config(config, steps)
     outcome, trace = _run(argv, out, cfg, cwd, executor,
                           (*launch_args, "--replay-from", str(src), "--replay-step", str(step)))
+    return _checked(outcome, trace, step, src, original)
+
+
+def replay_through(argv: Sequence[str], state_trace: str | os.PathLike, step: int, out: str | os.PathLike,
+                   **kwargs: Any) -> ReplayResult:
+    """Record ``step`` with full detail as cheaply as ``state_trace`` allows: replay from its
+    last state before ``step`` (steps ``k+1 .. step``), or, with none, record from the start
+    (steps ``0 .. step``, ``first_step`` 0); either way checked against the original. The
+    escalation's call: a divergence first seen at ``step`` in a sentinel trace."""
+    k = last_state_before(state_trace, step)
+    if k is not None:
+        return replay(argv, state_trace, k + 1, out, steps=step - k, **kwargs)
+    cfg = _config(kwargs.get("config"), step + 1)
+    src = Path(state_trace).resolve()
+    outcome, trace = _run(argv, out, cfg, kwargs.get("cwd"), kwargs.get("executor"), tuple(kwargs.get("launch_args", ())))
+    return _checked(outcome, trace, 0, src, kwargs.get("original"))
+
+
+def _config(config: CaptureConfig | None, steps: int) -> CaptureConfig:
+    """``config`` (default: quiet) recording ``steps`` steps and capturing no state."""
+    base = config or CaptureConfig(quiet=True)
+    return dataclasses.replace(base, steps=steps, state_steps=())
+
+
+def _checked(outcome: Outcome, trace: str, step: int, src: Path, original: str | os.PathLike | None) -> ReplayResult:
+    """The result of a run that recorded from ``step``, checked against the original's steps."""
     if outcome.status not in (Status.OK, Status.NONFINITE):
         return ReplayResult(outcome, trace, step, str(src), None, outcome.detail or "")
     mine = read_trace(trace, allow_incomplete=True)
@@ -127,7 +151,8 @@ def replay(argv: Sequence[str], state_trace: str | os.PathLike, step: int, out: 
         detail = (f"the replay is not faithful ({problem}): the command's own loop state (an iteration counter, "
                   "a batch drawn ahead, an iterator it built) is not in the captured state; no verdict from it")
         return ReplayResult(outcome, trace, step, str(src), False, detail, checked)
-    detail = f"replayed from step {step} (state after step {step - 1} of {src})"
+    detail = (f"replayed from step {step} (state after step {step - 1} of {src})" if step else
+              f"recorded from step 0 (no state of {src} before it)")
     return ReplayResult(outcome, trace, step, str(src), True if checked else None, detail, checked)
 
 
