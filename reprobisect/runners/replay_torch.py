@@ -177,6 +177,8 @@ class Replayer:
     def _step_end(self, opt: Any, args: Any, kwargs: Any) -> None:
         if self.restored or self._burned:
             return
+        if type(opt).__qualname__ != self.classes.get("optimizer") or not self._fits("optimizer", "optimizer", opt):
+            return  # another optimizer's step (a GAN's other half): the original's step S-1 ended with this one
         self._burned = True
         torch_state.restore_rng(self.at_step_end or {})
 
