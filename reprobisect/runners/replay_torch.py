@@ -29,9 +29,10 @@ Refused, with a one-line reason (the launcher's outcome ``skip``, "cannot replay
 never replayed wrongly as far as can be seen from inside the run: no state at ``S - 1``;
 an object the command built that the state does not hold (an optimizer, scheduler or
 enabled GradScaler), or one that cannot be told apart from another; a DataLoader over an
-``IterableDataset`` or one unlike the captured loader; training that starts before the
-captured loader is iterated; a state captured without a DataLoader and without the
-step-end RNG; RNG draws between a step's end and the next forward that differ from the
+``IterableDataset``; training that starts before a loader like the captured one is
+iterated; a training DataLoader when the state holds no loader position (a loader only its
+iterator held is gone when the state is captured); a state captured without a DataLoader
+and without the step-end RNG; RNG draws between a step's end and the next forward that differ from the
 original's; a loop without ``torch.optim``; Lightning. What cannot be seen from inside
 (the loop's own variables: an iteration counter that sets the learning rate, a batch
 drawn ahead of the step, an iterator the script built itself) is caught afterwards by
