@@ -152,9 +152,15 @@ for x, y in (DataLoader(Stream(), batch_size=2) if "temporary" in __import__("sy
     opt.step()
 '''
 
+# a second optimizer that first steps after the state was captured: the state does not hold it
+LATE_OPTIMIZER = SGD_LOADER_GENERATOR.replace(
+    "sched = torch.optim.lr_scheduler",
+    "aux = nn.Linear(3, 3)\naux_opt = torch.optim.RMSprop(aux.parameters(), lr=0.01)\nsched = torch.optim.lr_scheduler",
+)
+
 SCRIPTS = {"loader_adam_scaler": LOADER_ADAM_SCALER, "sgd_loader_generator": SGD_LOADER_GENERATOR,
            "get_batch": GET_BATCH, "lr_from_counter": GET_BATCH_LR_FROM_COUNTER, "iterable": ITERABLE,
-           "loader_workers": LOADER_WORKERS, "get_batch_ahead": GET_BATCH_AHEAD}
+           "loader_workers": LOADER_WORKERS, "get_batch_ahead": GET_BATCH_AHEAD, "late_optimizer": LATE_OPTIMIZER}
 
 
 def _record(folder: Path, name: str, steps: int = N, state_after: int = S - 1, args: tuple[str, ...] = ()):
@@ -216,6 +222,15 @@ def test_a_loader_whose_position_cannot_be_set_is_refused(work, args, why):
     assert res.outcome.detail == f"cannot replay: {why}"
     info = replay_info(read_trace(res.trace, allow_incomplete=True))
     assert info["refused"] == res.outcome.detail and info["restored"] is False
+
+
+@pytest.mark.slow
+def test_an_object_the_state_does_not_hold_is_refused(work):
+    full = _record(work, "late_optimizer", steps=4, state_after=1)
+    res = _replay(work, "late_optimizer", full, first=2, steps=2)
+    assert res.outcome.status is Status.SKIP
+    assert res.outcome.detail == ("cannot replay: the command built a RMSprop that the state at step 1 does not hold "
+                                  "(capture it, or replay a run that recorded it)")
 
 
 @pytest.mark.slow
