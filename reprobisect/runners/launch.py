@@ -5,6 +5,7 @@
     python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
         [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
+        [--replay-from TRACE --replay-step S]
         --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
@@ -39,6 +40,13 @@ returned as the exit status (``reprobisect.core.outcome.LAUNCH_EXIT``):
   torch, or never called ``optimizer.step()`` nor updated a parameter after ``backward()``),
   or it ran 200 backward passes with neither (reported then, not after the whole script).
   The detail says what to do next. Trace ``failed``.
+
+``--replay-from TRACE --replay-step S`` replays: the command runs from its start with the
+recorder quiet, loads the complete state TRACE captured after step ``S - 1`` where step
+``S`` began, and records ``--steps`` steps numbered ``S, S+1, ...``; the manifest's
+``extra.replay`` says from which trace and step. A state that cannot be restored
+faithfully ends the run as ``skip`` ("cannot replay: ...");
+``reprobisect.runners.replay_torch`` has the details.
 
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
 arguments (``bisect seeds`` substitutes ``{seed}`` into the command). Without ``--seed``
@@ -99,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--zoom-step", type=int, default=None, help="step of the op-level zoom")
     p.add_argument("--max-records-per-step", type=int, default=20000,
                    help="bound on a step's forward records; past it activations are counted, not recorded (default 20000)")
+    p.add_argument("--replay-from", default=None, metavar="TRACE",
+                   help="replay: load the complete state TRACE captured after step S-1 and record steps S.. "
+                        "(--steps of them); see reprobisect.runners.replay_torch")
+    p.add_argument("--replay-step", type=int, default=None, metavar="S", help="replay: the first step to record")
     return p
 
 
@@ -116,6 +128,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--steps must be at least 1, got {ns.steps}")
     if (ns.zoom_module is None) != (ns.zoom_step is None):
         raise UsageError("--zoom-module and --zoom-step go together")
+    if (ns.replay_from is None) != (ns.replay_step is None):
+        raise UsageError("--replay-from and --replay-step go together")
     return ns, prog
 
 
@@ -166,6 +180,7 @@ class _Run:
         self.ns = ns
         self.prog = prog
         self.recorder: Any = None
+        self.replayer: Any = None  # --replay-from: runners.replay_torch.Replayer
         self.active: set[str] = set()  # names of the registered recorders activated so far
         self.t0 = time.monotonic()
         self.policy_json = {
@@ -177,6 +192,7 @@ class _Run:
             "zoom_module": ns.zoom_module,
             "zoom_step": ns.zoom_step,
             "max_records_per_step": ns.max_records_per_step,
+            **({"replay_from": ns.replay_from, "replay_step": ns.replay_step} if ns.replay_from is not None else {}),
         }
         self.writer = TraceWriter(
             ns.trace,
@@ -196,6 +212,11 @@ class _Run:
         recorder = entry.activate(self)
         if recorder is not None and self.recorder is None:
             self.recorder = recorder
+            if self.ns.replay_from is not None and entry.name == "torch":
+                from reprobisect.runners.replay_torch import Replayer
+
+                self.replayer = Replayer(recorder, self.ns.replay_from, self.ns.replay_step, self.ns.steps)
+                self.replayer.install()
 
     def watch_imports(self) -> None:
         """Activate each registered recorder whose trigger is imported already; watch the others' triggers."""
@@ -245,6 +266,9 @@ class _Run:
         return self._ended()
 
     def _ended(self, how: str = "ended") -> Outcome:
+        if self.ns.replay_from is not None and (self.replayer is None or not self.replayer.restored):
+            return Outcome(Status.SKIP, detail=f"cannot replay: the command {how} before it reached the point where "
+                                               f"step {self.ns.replay_step} began (nothing was restored)")
         if self.recorder is not None and self.recorder.stop is None:
             try:  # a loop without an optimizer: its last update ends a step only now
                 self.recorder.finish_manual()
@@ -269,12 +293,18 @@ class _Run:
         return Outcome(Status.OK, detail=detail)
 
     def _classify(self, e: BaseException) -> Outcome:
+        if type(e).__name__ == "ReplayRefused" and type(e).__module__ == "reprobisect.runners.replay_torch":
+            return Outcome(Status.SKIP, detail=str(e))
         from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
         if not from_stop and self.recorder is not None and self.recorder.stop is not None:
             e = self.recorder.stop  # the recorder stopped the run and the program turned that into another exception
             from_stop = True
         if from_stop:
-            return _stop_outcome(e)
+            out = _stop_outcome(e)
+            if self.replayer is not None and out.status is Status.OK:
+                out = Outcome(Status.OK, detail=f"replayed {self.steps_done} step(s) from step {self.ns.replay_step} "
+                                                f"(the state {self.ns.replay_from} holds after step {self.ns.replay_step - 1})")
+            return out
         step = self.steps_done
         if isinstance(e, SystemExit):
             code = e.code
@@ -313,6 +343,9 @@ class _Run:
         extra: dict[str, Any] = {}
         if notes:
             extra["notes"] = notes
+        if self.ns.replay_from is not None:
+            extra["replay"] = self.replayer.manifest_extra() if self.replayer is not None else {
+                "from": os.path.abspath(self.ns.replay_from), "step": self.ns.replay_step, "restored": False}
         if self.recorder is not None and self.recorder.first_nonfinite is not None:
             step, what = self.recorder.first_nonfinite
             extra["first_nonfinite"] = {"step": step, "record": what}

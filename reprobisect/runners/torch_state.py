@@ -52,6 +52,7 @@ __all__ = [
     "capture_rng",
     "restore_rng",
     "track_data_order",
+    "load_rng_at_step_end",
     "encode_state",
     "decode_state",
 ]
@@ -425,12 +426,16 @@ def capture_state(writer: Any, step: int, objects: Mapping[str, Any], loader: An
     if when not in ("auto", "now"):
         raise UsageError(f"capture_state(when={when!r}): use 'auto' or 'now'")
     if when == "auto" and _inside_optimizer_step():
-        _defer(lambda: _capture_now(writer, step, objects, loader), writer)
+        # the RNG as the step ends (before anything of the next iteration draws): a replay
+        # that cannot restore at the boundary restores this at its own step's end instead
+        at_step_end = capture_rng(loader)
+        _defer(lambda: _capture_now(writer, step, objects, loader, at_step_end), writer)
         return
     _capture_now(writer, step, objects, loader)
 
 
-def _capture_now(writer: Any, step: int, objects: Mapping[str, Any], loader: Any) -> None:
+def _capture_now(writer: Any, step: int, objects: Mapping[str, Any], loader: Any,
+                 at_step_end: Mapping[str, Any] | None = None) -> None:
     captured = []
     for name, obj in objects.items():
         if not isinstance(obj, Stateful):
@@ -441,7 +446,11 @@ def _capture_now(writer: Any, step: int, objects: Mapping[str, Any], loader: Any
         captured.append(name)
     tensors = {}
     rng = encode_state(capture_rng(loader), tensors, "rng")
-    writer.write_state(step, "rng", tensors, {"state": rng, "objects": captured})
+    meta: dict[str, Any] = {"state": rng, "objects": captured,
+                            "classes": {n: type(objects[n]).__qualname__ for n in captured}}
+    if at_step_end is not None:
+        meta["at_step_end"] = encode_state(dict(at_step_end), tensors, "at_step_end")
+    writer.write_state(step, "rng", tensors, meta)
     if loader is not None:
         meta, start = _data_position(loader)
         tensors = {}
@@ -548,6 +557,22 @@ def load_state(trace_or_path: Any, step: int) -> dict[str, Any]:
         else:
             out[name] = decode_state(meta.get("state"), tensors, where)
     return out
+
+
+def load_rng_at_step_end(trace_or_path: Any, step: int) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """(the RNG as step ``step`` ended, before the deferred capture; None when the state was
+    captured outside a step) and the captured objects' class names, by name."""
+    folder, files = _state_folder(trace_or_path, step)
+    meta, tensors = _read_one(folder, "rng", files)
+    classes = dict(meta.get("classes") or {})
+    for name in meta.get("objects") or ():
+        if name not in classes:
+            try:
+                classes[name] = json.loads((folder / f"{name}.json").read_text()).get("class", "")
+            except (OSError, ValueError):
+                classes[name] = ""
+    early = meta.get("at_step_end")
+    return (decode_state(early, tensors, f"rng at step {step}") if early is not None else None), classes
 
 
 def restore_state(trace_or_path: Any, step: int, objects: Mapping[str, Any], loader: Any = None) -> dict[str, Any]:
