@@ -5,6 +5,7 @@
     python -m reprobisect.runners.launch --trace DIR [--steps N] [--full-steps 0,1]
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
         [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
+        [--detail full|sentinel] [--state-every K]
         --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
@@ -40,6 +41,11 @@ returned as the exit status (``reprobisect.core.outcome.LAUNCH_EXIT``):
   or it ran 200 backward passes with neither (reported then, not after the whole script).
   The detail says what to do next. Trace ``failed``.
 
+``--detail sentinel`` records only each step's sentinels (batch, loss, gradient norm,
+learning rates, GradScaler scale, parameters after the step) and complete state every
+``--state-every K`` steps (default 50 with sentinel); ``full`` (the default) records the
+whole chain. Both go into the manifest's policy (``detail``, ``state_every``).
+
 ``--seed`` is recorded in the manifest only; the script seeds itself from its own
 arguments (``bisect seeds`` substitutes ``{seed}`` into the command). Without ``--seed``
 the manifest's seed is the first ``torch.manual_seed`` the script called (``extra.
@@ -63,6 +69,7 @@ from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
 from reprobisect.runners.environment import collect_environment, revision_of
 from reprobisect.runners.registry import RecorderEntry, recorders
+from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS
 from reprobisect.trace.writer import TraceWriter
 
 __all__ = ["main", "parse_args", "run"]
@@ -99,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--zoom-step", type=int, default=None, help="step of the op-level zoom")
     p.add_argument("--max-records-per-step", type=int, default=20000,
                    help="bound on a step's forward records; past it activations are counted, not recorded (default 20000)")
+    p.add_argument("--detail", default="full",
+                   help="full: every record of the chain (default); sentinel: batch, loss, gradient norm, learning "
+                        "rates, scale and parameters after each step, and complete state every --state-every steps")
+    p.add_argument("--state-every", default=None,
+                   help=f"capture complete state after every K-th step (default {DEFAULT_STATE_EVERY} with --detail "
+                        "sentinel, else none)")
     return p
 
 
@@ -116,7 +129,24 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--steps must be at least 1, got {ns.steps}")
     if (ns.zoom_module is None) != (ns.zoom_step is None):
         raise UsageError("--zoom-module and --zoom-step go together")
+    ns.detail, ns.state_every = check_detail(ns.detail, ns.state_every)
     return ns, prog
+
+
+def check_detail(detail: Any, state_every: Any) -> tuple[str, int | None]:
+    """``(detail, state_every)`` checked, the default K filled in for ``sentinel``; a bad
+    value is one ``UsageError`` line."""
+    if detail not in DETAILS:
+        raise UsageError(f"--detail takes {' or '.join(DETAILS)} (got {detail!r})")
+    if state_every is None:
+        return detail, DEFAULT_STATE_EVERY if detail == "sentinel" else None
+    try:
+        k = int(str(state_every).strip())
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise UsageError(f"--state-every takes a whole number of steps >= 1 (got {state_every!r})")
+    return detail, k
 
 
 class _Activator(importlib.abc.MetaPathFinder):
@@ -177,6 +207,8 @@ class _Run:
             "zoom_module": ns.zoom_module,
             "zoom_step": ns.zoom_step,
             "max_records_per_step": ns.max_records_per_step,
+            "detail": ns.detail,
+            "state_every": ns.state_every,
         }
         self.writer = TraceWriter(
             ns.trace,
