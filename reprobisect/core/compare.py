@@ -665,7 +665,6 @@ class Comparison:
             "a": self.a,
             "b": self.b,
             "status": {"a": self.status_a, "b": self.status_b},
-            "detail": {"a": self.detail_a, "b": self.detail_b},
             "tolerance": {**self.tolerance.to_json(), "description": self.tolerance.describe(), "reason": self.tolerance_reason},
             "environment": [d.to_json() for d in self.env],
             "steps": {"a": list(self.steps_a), "b": list(self.steps_b), "compared": self.steps_compared},
@@ -680,7 +679,8 @@ class Comparison:
             "bytes_read": self.bytes_read,
             "explanation": self.explanation or None,
             "hints": list(self.hints),
-            **({"state_steps": list(self.state_steps), "replay_from": self.replay_from} if self.sentinel else {}),
+            **({"detail": {"a": self.detail_a, "b": self.detail_b}, "state_steps": list(self.state_steps),
+                "replay_from": self.replay_from} if self.sentinel else {}),  # full vs full: as before
         }
 
     def __str__(self) -> str:

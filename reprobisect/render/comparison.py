@@ -113,7 +113,10 @@ def render_divergence(d: Any, *, with_localization: bool = False) -> str:
     else:
         parts.extend(_measure(d.diff))
     line = " · ".join(parts)
-    if with_localization and d.localization in _LOC:
+    if with_localization and getattr(d, "sentinel", None):
+        line += (f"\n    ↳ {sentinel_text(d)}: the first sentinel to differ (a sentinel trace holds no activations "
+                 "or gradients: a full-detail replay of this step names its first broken link)")
+    elif with_localization and d.localization in _LOC:
         line += f"\n    ↳ {_LOC[d.localization]}"
     return line
 

@@ -839,6 +839,8 @@ class TorchRecorder:
             if len(self._stack) == 1:
                 self._eval_forward(module)
             return
+        if self._sentinel and len(self._stack) > 1:  # sentinel: only a root's forward matters (batches, init)
+            return
         t0 = time.perf_counter()
         with torch.no_grad():
             if len(self._stack) == 1:
