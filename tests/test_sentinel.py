@@ -336,3 +336,40 @@ def test_a_bad_detail_value_is_one_usage_line(tmp_path, capsys, command, flags, 
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and said in err, err
+
+
+@pytest.mark.parametrize("command", ["capture", "runs", "probe", "repro", "seeds", "envs"])
+def test_every_probing_command_takes_the_flags(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--detail" in out and "--state-every" in out
+
+
+def test_the_flags_reach_the_launcher():
+    from reprobisect.core.options import ProbeOptions
+    from reprobisect.executors.process import launch_argv
+    from reprobisect.workflows.repro import spec_for
+
+    spec = spec_for([PY, "train.py"], ProbeOptions(detail="sentinel", state_every=7), key="k", workdir="/tmp")
+    argv = launch_argv(spec, Path("/tmp/t"))
+    assert argv[argv.index("--detail") + 1] == "sentinel" and argv[argv.index("--state-every") + 1] == "7"
+    plain = launch_argv(spec_for([PY, "train.py"], ProbeOptions(), key="k", workdir="/tmp"), Path("/tmp/t"))
+    assert "--detail" not in plain and "--state-every" not in plain  # the default: the launcher command as before
+
+
+@pytest.mark.slow
+def test_runs_with_sentinel_names_the_culprit_and_its_sentinel(tmp_path):
+    from reprobisect.core.options import ProbeOptions
+    from reprobisect.workflows.demo import build_demo_repo
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
+
+    repo = build_demo_repo(tmp_path / "repo", n_commits=3, culprit_at=2, broken_at=None)
+    opts = ProbeOptions(jobs=2, quiet=True, detail="sentinel", state_every=2, keep=True, out=tmp_path / "out")
+    r = find_first_bad(RunsConfig(repo=None, cwd=str(repo.path), good=repo.good, bad=repo.bad,
+                                  command=("python", "train.py", "--steps", "20", "--seed", "0"), options=opts))
+    assert r and r.first_bad.hash == repo.culprit
+    first = r.divergence["first"]
+    assert first["sentinel"] == "loss" and first["step"] == 0  # the model changed: step 0's loss is the first sentinel
+    assert "sentinel loss" in str(r)
+    kept = [read_trace(p.parent) for p in (tmp_path / "out").rglob("manifest.json")]
+    assert kept and all(t.detail == "sentinel" for t in kept)

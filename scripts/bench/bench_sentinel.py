@@ -10,7 +10,11 @@ MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a f
 recorder writing a real trace (its first, untimed step learns names and hooks; then
 ``--chunk`` timed steps), so with ``--chunk 50`` each sentinel chunk captures its complete
 state once, as ``--state-every 50`` does. Printed: each mode's total time over all chunks
-and its ratio to plain (wall and process CPU time), and the recorder's own time per step.
+and its ratio to plain (wall and process CPU time), and the time spent inside the
+recorder (every hook, the step's end, writing, state capture: ``TorchRecorder.guarded``
+timed) per step and as ``1 + recorder time / plain time`` (``cost_ratio``): on a shared
+machine whole-step ratios move by more than a sentinel costs, the recorder's own time
+does not.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> d
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     record_s: dict[str, float] = {m: 0.0 for m in modes}
     rounds = max(1, steps // chunk)
+    spent = _time_recorder()
+    inside: dict[str, float] = {m: 0.0 for m in modes}
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
             for o, st in zip(stateful, saved):
@@ -85,7 +91,9 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> d
             rec = TorchRecorder(writer, RecordPolicy(steps=10**9, **POLICIES[mode])).install()
             try:
                 run(step, data[:1])  # untimed: the recorder's first step (names, hooks, init records)
+                spent[0] = 0.0
                 wall[mode].append(run(step, data[1:], cpu[mode]))
+                inside[mode] += spent[0]
             finally:
                 rec.remove()
                 writer.close()
@@ -100,7 +108,29 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> d
         "cpu_ratio": {m: round(v / ctotal["plain"], 4) for m, v in ctotal.items()},
         "plain_step_ms": round(total["plain"] / n * 1e3, 3),
         "record_ms_per_step": {m: round(v / (rounds * (chunk + 1)) * 1e3, 3) for m, v in record_s.items() if m != "plain"},
+        "recorder_ms_per_step": {m: round(v / n * 1e3, 3) for m, v in inside.items() if m != "plain"},
+        "cost_ratio": {m: round(1 + v / total["plain"], 4) for m, v in inside.items() if m != "plain"},
     }
+
+
+def _time_recorder() -> list[float]:
+    """Time spent inside the recorder from now on (outermost ``guarded`` calls), in a one-item list."""
+    orig = TorchRecorder.guarded
+    spent = [0.0, 0]
+
+    def guarded(self, *args, **kwargs):
+        if spent[1]:
+            return orig(self, *args, **kwargs)
+        spent[1] = 1
+        t0 = time.perf_counter()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+            spent[1] = 0
+
+    TorchRecorder.guarded = guarded
+    return spent
 
 
 def _steps(path: Path):
@@ -128,7 +158,8 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {res['threads']} threads; MLP hidden {res['hidden']}, {res['steps_per_mode']} "
           f"steps per mode in chunks of {res['chunk']}; plain step {res['plain_step_ms']} ms")
     for m in modes:
-        extra = f", recorder {res['record_ms_per_step'][m]} ms/step" if m in res["record_ms_per_step"] else ""
+        extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x"
+                 if m in res["recorder_ms_per_step"] else "")
         print(f"  {m:<18} {res['total_s'][m]:8.2f} s  {res['ratio'][m]:.3f}x wall  {res['cpu_ratio'][m]:.3f}x cpu{extra}")
     return 0
 
