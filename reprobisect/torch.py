@@ -72,13 +72,17 @@ def record(
     stop_on_nonfinite: bool = False,
     max_disk: int | None = None,
     max_records_per_step: int = 20000,
+    detail: str = "full",
+    state_every: int | None = None,
     seed: Any = None,
     command: Sequence[str] | None = None,
 ) -> Iterator[TorchRecorder]:
     """Record the first ``steps`` optimizer steps run inside the block into ``trace``.
 
     With ``stop_on_nonfinite`` recording ends at the first step holding a NaN/Inf
-    (outcome ``nonfinite``); the loop itself is never interrupted.
+    (outcome ``nonfinite``); the loop itself is never interrupted. ``detail='sentinel'``
+    records only each step's sentinels and complete state every ``state_every`` steps
+    (default 50): see ``RecordPolicy.detail``.
     """
     from reprobisect.trace.writer import TraceWriter
 
@@ -89,6 +93,8 @@ def record(
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
         max_records_per_step=max_records_per_step,
+        detail=detail,
+        state_every=state_every,
     )
     writer = TraceWriter(
         trace,

@@ -3,7 +3,8 @@
 ``capture``, ``probe``, ``runs``, ``repro``, ``seeds`` and ``envs`` take the same flags:
 ``--steps``, ``--timeout``, ``--executor``, ``--jobs``, the tolerance flags (``--tolerance``,
 ``--atol``, ``--rtol``, ``--override GLOB=ATOL,RTOL``), ``--keep``, ``-o/--out``,
-``--full-steps``, ``--quiet``, each executor's own flags (``reprobisect.executors.EXECUTORS``:
+``--full-steps``, ``--quiet``, ``--detail full|sentinel`` and ``--state-every K`` (what each
+probe records per step), each executor's own flags (``reprobisect.executors.EXECUTORS``:
 Ray's ``--address``, ``--gpus-per-probe``, ``--cpus-per-probe``, ``--placement``), and
 ``--config FILE`` (YAML or JSON) that can give any of them. Flags given on the command line
 win over the file; the file wins over the defaults. An unknown key in the file is one error
@@ -81,7 +82,7 @@ def parse_steps(value: Any, what: str = "--full-steps") -> tuple[int, ...]:
 # --------------------------------------------------------------------------- config files
 
 _COMMON = ("steps", "timeout", "executor", "jobs", "tolerance", "atol", "rtol", "override", "keep", "out",
-           "full_steps", "quiet", "link")
+           "full_steps", "quiet", "link", "detail", "state_every")
 """The shared option names (also the config-file keys, with '-' or '_')."""
 _TOLERANCE = ("tolerance", "atol", "rtol")
 
@@ -168,7 +169,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in items):
                 raise ValueError
             return tuple(items)
-        if name in ("steps", "jobs"):
+        if name in ("steps", "jobs", "state_every"):
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
@@ -262,6 +263,11 @@ _TIMEOUT = click.option("--timeout", type=POSITIVE_SECONDS, default=None,
                         help="Seconds before a probe is killed (whole process group).")
 _FULL_STEPS = click.option("--full-steps", default=None, help="Steps whose full tensors are kept, e.g. 0,1.")
 _QUIET = click.option("-q", "--quiet", is_flag=True, default=None, help="No progress display.")
+_DETAIL = click.option("--detail", default=None, metavar="full|sentinel",
+                       help="What each step records: full (every tensor of the chain) or sentinel (batch, loss, gradient "
+                            "norm, learning rates, scale, parameters after the step) [default: full].")
+_STATE_EVERY = click.option("--state-every", default=None, metavar="K",
+                            help="Capture complete state after every K-th step [default: 50 with --detail sentinel].")
 _CONFIG = click.option("--config", type=click.Path(dir_okay=False), default=None,
                        help="YAML/JSON file giving any of these options.")
 
@@ -304,6 +310,8 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--keep", is_flag=True, default=None, help="Keep the probes' traces."),
         click.option("-o", "--out", type=click.Path(file_okay=False), default=None, help="Folder for the traces (kept)."),
         _FULL_STEPS,
+        _DETAIL,
+        _STATE_EVERY,
         _QUIET,
         *_executor_flag_options(),
         _CONFIG,
@@ -313,12 +321,12 @@ def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
 _EXECUTOR = click.option("--executor", type=click.Choice(list(EXECUTORS)), default=None,
                          help="Where the probes run [default: local].")
 _JOBS = click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 1].")
-_CAPTURE_SHARED = ("steps", "timeout", "full_steps", "quiet", "executor")
+_CAPTURE_SHARED = ("steps", "timeout", "full_steps", "quiet", "executor", "detail", "state_every")
 
 
 def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Add the shared flags that apply to one recorded run (``--steps``, ``--timeout``,
-    ``--full-steps``, ``--quiet``, ``--executor`` and its executor's flags) and ``--config``
+    ``--full-steps``, ``--detail``, ``--state-every``, ``--quiet``, ``--executor`` and its executor's flags) and ``--config``
     to ``capture``, with the same meaning, checks and config-file keys as on the probing
     commands (other known keys of the file are ignored: they are about probing). The command
     receives ``options: ProbeOptions``."""
@@ -330,7 +338,8 @@ def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     quiet = click.option("-q", "--quiet", is_flag=True, default=None,
                          help="Do not stream the command's output (it is kept in the trace's output.log).")
-    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, quiet, _EXECUTOR, *_executor_flag_options(), _CONFIG])
+    return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, _DETAIL, _STATE_EVERY, quiet, _EXECUTOR,
+                            *_executor_flag_options(), _CONFIG])
 
 
 def executor_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,6 +17,15 @@ whose output does not is the *origin*; one whose inputs already differed is
 recorded before it diverged, the change happened between modules (in the parent's
 forward code, outside any hooked module).
 
+Sentinel traces (``--detail sentinel``: ``trace.format.SENTINEL_KINDS`` and
+``SENTINEL_SCALARS``) are compared sentinel by sentinel, in the order a step makes them:
+batch IDs, batch tensors, loss, total gradient norm, learning rates, GradScaler scale,
+parameters after the step (the scalars sit where the gradients would); each divergence
+names the sentinel that showed it (``Divergence.sentinel``). A sentinel trace against a
+full one compares what both hold and says so in the note: the full side's activations,
+gradients and optimizer state are not compared, nor the gradient norm (each level computes
+it its own way, so its bits differ).
+
 Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here. The results
 are data; ``reprobisect.render.comparison`` says them (``str(comparison)`` calls it).
 """
@@ -35,7 +44,7 @@ from reprobisect.core.checks import check_number
 from reprobisect.core.hints import divergence_hints, lr_note
 from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
-from reprobisect.trace.format import Record, Step, tensor_key
+from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record, Step, stat_value, tensor_key
 from reprobisect.trace.reader import Trace, read_trace
 
 __all__ = [
@@ -549,9 +558,12 @@ class Divergence:
     localization: str = "first"
     only_in: str | None = None  # 'a' or 'b' for verdict 'missing'
     order: int = -1
+    sentinel: str | None = None
+    """In a comparison of sentinel traces, the sentinel that showed it: ``batch ids``,
+    ``batch``, ``init``, ``loss``, ``grad norm``, ``lr``, ``scaler scale`` or ``param``."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "step": self.step,
             "kind": self.kind,
             "name": self.name,
@@ -563,6 +575,9 @@ class Divergence:
             "order": self.order,
             "diff": self.diff.to_json(),
         }
+        if self.sentinel is not None:
+            d["sentinel"] = self.sentinel
+        return d
 
 
 @dataclass(frozen=True)
@@ -609,9 +624,28 @@ class Comparison:
     at step 0`` next to a ``param`` divergence whose gradients agreed); ``reprobisect.core.hints``."""
     hints: tuple[str, ...] = ()
     """Likely causes the evidence supports (no seed set, string hashing); ``reprobisect.core.hints``."""
+    detail_a: str = "full"
+    """What trace A holds per step: ``full`` or ``sentinel`` (``Manifest.detail``)."""
+    detail_b: str = "full"
+    state_steps: tuple[int, ...] = ()
+    """Steps after which both traces hold complete state (where a full-detail replay can start)."""
 
     def __bool__(self) -> bool:
         return self.first is None and not self.structure
+
+    @property
+    def sentinel(self) -> bool:
+        """At least one side is a sentinel trace: sentinels were compared (``Divergence.sentinel``)."""
+        return "sentinel" in (self.detail_a, self.detail_b)
+
+    @property
+    def replay_from(self) -> int | None:
+        """The last step before the first divergence after which both traces hold complete
+        state: a full-detail replay from there reaches the divergence. None when none."""
+        if self.first is None:
+            return None
+        before = [s for s in self.state_steps if s < self.first.step]
+        return before[-1] if before else None
 
     @property
     def origin(self) -> Divergence | None:
@@ -645,6 +679,8 @@ class Comparison:
             "bytes_read": self.bytes_read,
             "explanation": self.explanation or None,
             "hints": list(self.hints),
+            **({"detail": {"a": self.detail_a, "b": self.detail_b}, "state_steps": list(self.state_steps),
+                "replay_from": self.replay_from} if self.sentinel else {}),  # full vs full: as before
         }
 
     def __str__(self) -> str:
@@ -745,7 +781,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
     by_b = {s.step: s for s in b.steps}
     for k in shape.common:
         walk.step(k, by_a[k], by_b[k])
-    note = _compile_note(shape.note, walk.not_recorded, walk.unobserved)
+    note = _detail_note(_compile_note(shape.note, walk.not_recorded, walk.unobserved), walk)
     first = walk.divergences[0] if walk.divergences else None
     if first is None and shape.structure:
         first = _missing_step(shape)
@@ -769,6 +805,9 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         bytes_read=a.bytes_read + b.bytes_read - reads0[1],
         status_a=a.manifest.status,
         status_b=b.manifest.status,
+        detail_a=walk.detail_a,
+        detail_b=walk.detail_b,
+        state_steps=tuple(sorted(set(a.state_steps) & set(b.state_steps))),
     )
     if first is not None and not shape.structure:
         comp = _with_hints(a, b, comp)
@@ -849,11 +888,15 @@ class _Walk:
         self.summaries: list[StepSummary] = []
         self.unobserved = {"a": _unobserved(a), "b": _unobserved(b)}  # activations a compiled side could not record
         self.not_recorded = {"a": 0, "b": 0}  # one-sided activations skipped for that reason, per side lacking them
+        self.detail_a, self.detail_b = a.manifest.detail, b.manifest.detail
+        self.sentinel = "sentinel" in (self.detail_a, self.detail_b)  # compare the sentinels only
+        self.mixed = self.detail_a != self.detail_b  # sentinel vs full: what both hold
+        self.not_held = 0  # records only the full side holds (a sentinel trace never does)
 
     def keep(self, d: Divergence) -> None:
         self.counted += 1
         if len(self.divergences) <= _MAX_NEXT:
-            self.divergences.append(d)
+            self.divergences.append(replace(d, sentinel=_sentinel_of(d)) if self.sentinel else d)
 
     def _first_place(self) -> dict[str, Any]:
         """A divergence found now is the origin (first broken link) when none came before it."""
@@ -869,14 +912,41 @@ class _Walk:
         if bd is not None:
             t.differ += 1
             self.keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, **self._first_place()))
+        scalars_done = not self.sentinel  # sentinel: the step's scalars sit where its gradients would
         for ra, rb in _pair_records(sa, sb):
+            kind = (ra or rb).kind  # type: ignore[union-attr]
+            if self.sentinel and kind not in SENTINEL_KINDS:
+                self.not_held += 1
+                continue
+            if not scalars_done and _KIND_RANK[kind] >= _SCALAR_RANK:
+                scalars_done = True
+                self._scalars(k, sa, sb, t)
             self.n_records += 1
             t.records += 1
             if ra is None or rb is None:
                 self._one_sided(k, ra, rb, t)
             else:
                 self._pair(k, ra, rb, t)
+        if not scalars_done:
+            self._scalars(k, sa, sb, t)
         self.summaries.append(StepSummary(k, t.records, t.identical, t.close, t.differ, t.max_abs))
+
+    def _scalars(self, k: int, sa: Step, sb: Step, t: _Tally) -> None:
+        """The step's scalar sentinels: total gradient norm (not between detail levels: each
+        computes it its own way), learning rates per group, GradScaler scale."""
+        for name, va, vb in _scalar_pairs(sa.scalars, sb.scalars, grad_norm=not self.mixed):
+            self.n_records += 1
+            t.records += 1
+            diff = _scalar_diff(name, va, vb, self.tolerance)
+            if diff.verdict == "identical":
+                t.identical += 1
+                continue
+            if diff.verdict == "close":
+                t.close += 1
+                continue
+            t.differ += 1
+            only = None if diff.verdict != "missing" else ("a" if vb is _ABSENT else "b")
+            self.keep(Divergence(k, "scalar", name, diff.verdict, diff, only_in=only, **self._first_place()))
 
     def _one_sided(self, k: int, ra: Record | None, rb: Record | None, t: _Tally) -> None:
         r = ra or rb
@@ -911,6 +981,80 @@ class _Walk:
             t.diverged_modules.append(ra.name)
         self.keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
                              origin=loc in ("origin", "first"), localization=loc, order=ra.order))
+
+
+_KIND_RANK = {kind: i for i, kind in enumerate(KINDS)}
+_SCALAR_RANK = _KIND_RANK["grad"]
+_ABSENT = object()
+_SCALAR_DTYPE = {"grad_norm": "float32", "scaler_scale": "float32"}  # for the tolerance's per-dtype figures; lr: float64
+
+
+def _scalar_pairs(a: Mapping[str, Any], b: Mapping[str, Any], *, grad_norm: bool) -> Iterable[tuple[str, Any, Any]]:
+    """``(name, value in A, value in B)`` of the scalar sentinels, in order (``_ABSENT``: not there)."""
+    if grad_norm and ("grad_norm" in a or "grad_norm" in b):
+        yield "grad_norm", a.get("grad_norm", _ABSENT), b.get("grad_norm", _ABSENT)
+    la, lb = a.get("lr", _ABSENT), b.get("lr", _ABSENT)
+    if isinstance(la, list) and isinstance(lb, list):
+        n = max(len(la), len(lb))
+        for g in range(n):
+            yield ("lr" if n == 1 else f"lr[{g}]"), la[g] if g < len(la) else _ABSENT, lb[g] if g < len(lb) else _ABSENT
+    elif la is not _ABSENT or lb is not _ABSENT:
+        yield "lr", la, lb
+    if "scaler_scale" in a or "scaler_scale" in b:
+        yield "scaler_scale", a.get("scaler_scale", _ABSENT), b.get("scaler_scale", _ABSENT)
+
+
+def _scalar_float(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return stat_value(v)  # "nan", "inf", "-inf" as JSON keeps them
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _scalar_diff(name: str, va: Any, vb: Any, tolerance: Tolerance) -> TensorDiff:
+    """Compare one scalar sentinel: bitwise as recorded (a JSON float is the exact double),
+    or within the tolerance's figures for its kind (``scalar/NAME`` for overrides)."""
+    if va is _ABSENT or vb is _ABSENT:
+        return TensorDiff("missing", "structure", detail=f"{name} only in {'A' if vb is _ABSENT else 'B'}")
+    fa, fb = _scalar_float(va), _scalar_float(vb)
+    if fa is None or fb is None:
+        return TensorDiff("identical" if va == vb else "diverged", "scalar", detail="" if va == vb else f"{name} {va!r} vs {vb!r}")
+    rule = tolerance.rule("scalar", name, _SCALAR_DTYPE.get(name.split("[", 1)[0], "float64"))
+    kw: dict[str, Any] = {"bitwise": rule is None, "total": 1}
+    if rule is not None:
+        kw.update(atol=rule[0], rtol=rule[1])
+    if fa == fb or (math.isnan(fa) and math.isnan(fb)):
+        return TensorDiff("identical", "scalar", mismatched=0, **kw)
+    finite = math.isfinite(fa) and math.isfinite(fb)
+    absd = abs(fa - fb) if finite else math.inf
+    rel = absd / abs(fb) if fb else math.inf
+    close = rule is not None and finite and absd <= rule[0] + rule[1] * abs(fb)
+    return TensorDiff("close" if close else "diverged", "scalar", detail=f"{name} {fa!r} vs {fb!r}",
+                      max_abs=absd, max_rel=rel, mismatched=0 if close else 1, **kw)
+
+
+def _sentinel_of(d: Divergence) -> str:
+    """The sentinel a divergence of a sentinel comparison was seen in (``Divergence.sentinel``)."""
+    if d.kind == "batch":
+        return "batch ids" if d.name == _BATCH_IDS else "batch"
+    if d.kind == "scalar":
+        return d.name.split("[", 1)[0].replace("_", " ")
+    return d.kind
+
+
+def _detail_note(note: str, walk: "_Walk") -> str:
+    """``note`` plus, when one side is a sentinel trace and the other a full one, what was compared."""
+    if not walk.mixed:
+        return note
+    sides = f"trace A is {walk.detail_a}, trace B {walk.detail_b}"
+    said = (f"{sides}: compared what both hold (batch, loss, learning rates, scale, parameters after each step); "
+            f"{walk.not_held} record(s) only the full trace holds (activations, gradients, optimizer state) and the "
+            "gradient norm (computed differently at each detail level) were not compared")
+    return f"{note}; {said}" if note else said
 
 
 def _compile_note(note: str, not_recorded: dict[str, int], unobserved: dict[str, tuple[str, ...]]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from reprobisect.core.checks import check_number
 from reprobisect.core.compare import Tolerance
 from reprobisect.errors import UsageError
+from reprobisect.trace.format import DETAILS
 
 __all__ = ["ProbeOptions"]
 
@@ -51,6 +52,11 @@ class ProbeOptions:
     link: tuple[str, ...] = ()
     """Paths of the user's checkout (relative to the repository root: ignored data, untracked
     configs, caches) symlinked into every probe's worktree (``--link``, config ``link: [..]``)."""
+    detail: str = "full"
+    """What each probe records per step: ``full`` (the whole chain) or ``sentinel`` (batch,
+    loss, gradient norm, learning rates, scale, parameters after the step)."""
+    state_every: int | None = None
+    """Complete state after every K-th step (``--state-every``; None: 50 with sentinel, else none)."""
 
     def __post_init__(self) -> None:
         # every number is checked here, before any probe runs, whether it came from a flag
@@ -62,8 +68,16 @@ class ProbeOptions:
             check_number("--timeout", self.timeout, minimum=0, open_min=True, unit=" seconds")
         if not isinstance(self.executor, str) or not self.executor:
             raise UsageError(f"--executor takes an executor's name (got {self.executor!r})")
+        if self.detail not in DETAILS:
+            raise UsageError(f"--detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
+        if self.state_every is not None:
+            check_number("--state-every", self.state_every, minimum=1, integer=True)
         if self.tolerance is not None and not isinstance(self.tolerance, Tolerance):
             raise UsageError(f"tolerance {self.tolerance!r} is not a Tolerance; build it with Tolerance.from_flags")
+
+    def launch_fields(self) -> dict[str, Any]:
+        """The ``ProbeSpec`` fields these options set for what a probe records (``detail``, ``state_every``)."""
+        return {"detail": self.detail, "state_every": self.state_every}
 
     def tolerance_for(self, default: str = "bitwise") -> Tolerance:
         """The tolerance to judge with: the one given, its ``auto`` mode (or none) as ``default``."""
@@ -77,4 +91,5 @@ class ProbeOptions:
             "tolerance": self.tolerance.to_json() if self.tolerance is not None else None, "keep": self.keep,
             "out": str(self.out) if self.out is not None else None, "full_steps": list(self.full_steps),
             "quiet": self.quiet, "config": str(self.config) if self.config is not None else None, "link": list(self.link),
+            "detail": self.detail, "state_every": self.state_every,
         }

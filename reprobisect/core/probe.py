@@ -48,6 +48,11 @@ class ProbeSpec:
     """Steps at which complete state is captured."""
     stop_on_nonfinite: bool = False
     """End the run at the first NaN/Inf (outcome ``nonfinite``)."""
+    detail: str = "full"
+    """What each step records: ``full`` (the whole chain) or ``sentinel`` (batch, loss,
+    gradient norm, learning rates, scale, parameters after the step; ``trace.format``)."""
+    state_every: int | None = None
+    """Complete state after every K-th step (None: the launcher's default, 50 with sentinel)."""
     timeout: float | None = None
     """Seconds before the whole process group is killed (outcome ``timeout``)."""
     attempt: int = 0

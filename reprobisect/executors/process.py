@@ -137,6 +137,10 @@ def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> li
         cmd += ["--state-steps", ",".join(str(s) for s in spec.state_steps)]
     if spec.stop_on_nonfinite:
         cmd.append("--stop-on-nonfinite")
+    if spec.detail != "full":
+        cmd += ["--detail", spec.detail]
+    if spec.state_every is not None:
+        cmd += ["--state-every", str(spec.state_every)]
     cmd += list(spec.extra_launch_args)
     cmd.append("--")
     cmd += prog

@@ -4,6 +4,10 @@ The order is the order a reader needs: the environment differences first (they o
 explain everything), then the tolerance and what was compared, then the first broken
 link (origin or propagation), then the next few divergences and a per-step tally.
 Plain text with ``·`` separators: it reads the same piped into a file as on a terminal.
+A comparison of sentinel traces (``--detail sentinel``) names the sentinel that first
+differed (``first divergence at step 7: sentinel param 'fc.weight' (after the step)``) and
+the last step before it after which both traces hold complete state (where a full-detail
+replay starts).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["comparison_json", "format_number", "render_comparison", "render_divergence", "render_env"]
+__all__ = ["comparison_json", "format_number", "render_comparison", "render_divergence", "render_env", "sentinel_text"]
 
 _ENV_SHOWN = 20
 _VALUE_WIDTH = 60
@@ -109,9 +113,43 @@ def render_divergence(d: Any, *, with_localization: bool = False) -> str:
     else:
         parts.extend(_measure(d.diff))
     line = " · ".join(parts)
-    if with_localization and d.localization in _LOC:
+    if with_localization and getattr(d, "sentinel", None):
+        line += (f"\n    ↳ {sentinel_text(d)}: the first sentinel to differ (a sentinel trace holds no activations "
+                 "or gradients: a full-detail replay of this step names its first broken link)")
+    elif with_localization and d.localization in _LOC:
         line += f"\n    ↳ {_LOC[d.localization]}"
     return line
+
+
+def sentinel_text(d: Any) -> str:
+    """The sentinel a divergence was seen in, as the answer says it: ``sentinel loss``,
+    ``sentinel param 'fc.weight' (after the step)``, ``sentinel lr (group 1)``."""
+    s = getattr(d, "sentinel", None) or d.kind
+    if s in ("param", "init", "batch"):
+        when = {"param": " (after the step)", "init": " (before the first step)", "batch": ""}[s]
+        return f"sentinel {s} '{d.name}'{when}"
+    if s == "loss" and d.name != "loss":
+        return f"sentinel loss '{d.name}'"
+    if s == "lr" and "[" in d.name:
+        return f"sentinel lr (group {d.name.split('[', 1)[1].rstrip(']')})"
+    return f"sentinel {s}"
+
+
+def _detail_line(c: Any) -> str:
+    a, b = getattr(c, "detail_a", "full"), getattr(c, "detail_b", "full")
+    states = list(getattr(c, "state_steps", ()))
+    held = f"; both hold complete state after step(s) {', '.join(map(str, states[:8]))}{' …' if len(states) > 8 else ''}" if states else ""
+    return f"detail: {a if a == b else f'A {a}, B {b}'}{held}"
+
+
+def _first_lines(c: Any) -> list[str]:
+    if not getattr(c, "sentinel", False):
+        return ["first divergence:"]
+    lines = [f"first divergence at step {c.first.step}: {sentinel_text(c.first)}"]
+    start = getattr(c, "replay_from", None)
+    if start is not None:
+        lines.append(f"  (full detail: replay from the state after step {start}, which both traces hold)")
+    return lines
 
 
 def render_comparison(c: Any) -> str:
@@ -126,13 +164,15 @@ def render_comparison(c: Any) -> str:
         lines.append(f"structure: {c.structure}")
     if c.note:
         lines.append(f"note: {c.note}")
+    if getattr(c, "sentinel", False):
+        lines.append(_detail_line(c))
     if c.first is None:
         lines.append("verdict: AGREE" if c else "verdict: DIVERGED (structure)")
         closes = sum(s.close for s in c.per_step)
         if closes:
             lines.append(f"  ({closes} record(s) differ in bits but are within tolerance)")
         return "\n".join(lines)
-    lines.append("first divergence:")
+    lines.extend(_first_lines(c))
     lines.append("  " + render_divergence(c.first, with_localization=True))
     explanation = getattr(c, "explanation", "")
     if explanation:
@@ -153,7 +193,8 @@ def render_comparison(c: Any) -> str:
         )
         more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
         lines.append(f"per step (differing/records): {tally}{more}")
-    lines.append(f"verdict: DIVERGED at step {c.first.step} ({c.first.kind} {c.first.name})")
+    what = sentinel_text(c.first) if getattr(c.first, "sentinel", None) else f"{c.first.kind} {c.first.name}"
+    lines.append(f"verdict: DIVERGED at step {c.first.step} ({what})")
     lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@
         [--state-steps 3] [--stop-on-nonfinite] [--max-disk BYTES] [--seed S]
         [--zoom-module NAME --zoom-step K] [--max-records-per-step N]
         [--replay-from TRACE --replay-step S]
+        [--detail full|sentinel] [--state-every K]
         --  script.py ARGS...  |  -- -m pkg.module ARGS...
 
 The script runs through ``runpy`` exactly as ``python script.py ARGS`` would run it:
@@ -41,6 +42,11 @@ returned as the exit status (``reprobisect.core.outcome.LAUNCH_EXIT``):
   or it ran 200 backward passes with neither (reported then, not after the whole script).
   The detail says what to do next. Trace ``failed``.
 
+``--detail sentinel`` records only each step's sentinels (batch, loss, gradient norm,
+learning rates, GradScaler scale, parameters after the step) and complete state every
+``--state-every K`` steps (default 50 with sentinel); ``full`` (the default) records the
+whole chain. Both go into the manifest's policy (``detail``, ``state_every``).
+
 ``--replay-from TRACE --replay-step S`` replays: the command runs from its start with the
 recorder quiet, loads the complete state TRACE captured after step ``S - 1`` where step
 ``S`` began, and records ``--steps`` steps numbered ``S, S+1, ...``; the manifest's
@@ -71,6 +77,7 @@ from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
 from reprobisect.runners.environment import collect_environment, revision_of
 from reprobisect.runners.registry import RecorderEntry, recorders
+from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS
 from reprobisect.trace.writer import TraceWriter
 
 __all__ = ["main", "parse_args", "run"]
@@ -111,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="replay: load the complete state TRACE captured after step S-1 and record steps S.. "
                         "(--steps of them); see reprobisect.runners.replay_torch")
     p.add_argument("--replay-step", type=int, default=None, metavar="S", help="replay: the first step to record")
+    p.add_argument("--detail", default="full",
+                   help="full: every record of the chain (default); sentinel: batch, loss, gradient norm, learning "
+                        "rates, scale and parameters after each step, and complete state every --state-every steps")
+    p.add_argument("--state-every", default=None,
+                   help=f"capture complete state after every K-th step (default {DEFAULT_STATE_EVERY} with --detail "
+                        "sentinel, else none)")
     return p
 
 
@@ -130,7 +143,24 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError("--zoom-module and --zoom-step go together")
     if (ns.replay_from is None) != (ns.replay_step is None):
         raise UsageError("--replay-from and --replay-step go together")
+    ns.detail, ns.state_every = check_detail(ns.detail, ns.state_every)
     return ns, prog
+
+
+def check_detail(detail: Any, state_every: Any) -> tuple[str, int | None]:
+    """``(detail, state_every)`` checked, the default K filled in for ``sentinel``; a bad
+    value is one ``UsageError`` line."""
+    if detail not in DETAILS:
+        raise UsageError(f"--detail takes {' or '.join(DETAILS)} (got {detail!r})")
+    if state_every is None:
+        return detail, DEFAULT_STATE_EVERY if detail == "sentinel" else None
+    try:
+        k = int(str(state_every).strip())
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise UsageError(f"--state-every takes a whole number of steps >= 1 (got {state_every!r})")
+    return detail, k
 
 
 class _Activator(importlib.abc.MetaPathFinder):
@@ -193,6 +223,8 @@ class _Run:
             "zoom_step": ns.zoom_step,
             "max_records_per_step": ns.max_records_per_step,
             **({"replay_from": ns.replay_from, "replay_step": ns.replay_step} if ns.replay_from is not None else {}),
+            "detail": ns.detail,
+            "state_every": ns.state_every,
         }
         self.writer = TraceWriter(
             ns.trace,

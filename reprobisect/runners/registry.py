@@ -80,6 +80,8 @@ def _activate_torch(run: Any) -> Any:
         zoom_module=ns.zoom_module,
         zoom_step=ns.zoom_step,
         max_records_per_step=ns.max_records_per_step,
+        detail=getattr(ns, "detail", "full"),
+        state_every=getattr(ns, "state_every", None),
     )
     recorder = TorchRecorder(run.writer, policy, stop_at_limit=True).install()
     native.kernel()  # built (once per machine) or loaded now, not inside the first step

@@ -98,6 +98,14 @@ recorder's hooks), ``compute_s`` (the step's wall time minus both),
 made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
 NaN/Inf, in chain order).
 
+Detail (``RecordPolicy.detail``): ``full`` records all of the above. ``sentinel`` records
+per step only what is cheap and still tells two runs apart: ``init`` (step 0), ``batch``
+(IDs and tensors), ``loss``, ``param`` after the step, and the scalars ``grad_norm`` (from a
+norm per gradient at its accumulation hook, no fingerprint), ``lr`` and ``scaler_scale``;
+no inputs, activations, outputs, per-tensor gradients or optimizer state. Complete state is
+captured after every ``state_every``-th step (default 50), so that a replay can start near
+the first differing step and record it at full detail.
+
 A step ends at each ``optimizer.step()`` (of any optimizer; a GAN's two optimizers
 give two steps). ``step(closure)``: the closure's first evaluation is recorded (its
 gradients right after it); further evaluations inside the same step (LBFGS) are counted in
@@ -125,10 +133,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from reprobisect.errors import UsageError
 from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
-from reprobisect.trace.format import KINDS, Record, stat_value
+from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS, KINDS, SENTINEL_KINDS, Record, stat_value
 
 __all__ = ["RecordPolicy", "StopRun", "TorchRecorder", "to_numpy"]
 
@@ -158,6 +167,34 @@ class RecordPolicy:
     max_records_per_step: int = 20000
     """Bound on the forward records (input/activation/output) of one step; past it the
     step's remaining activations are counted, not recorded (noted in the trace)."""
+    detail: str = "full"
+    """``full``: every record of the chain, every step. ``sentinel``: per step only the
+    records of ``SENTINEL_KINDS`` (initial parameters, batch IDs and tensors, loss,
+    parameters after the step) and the scalars (total gradient norm, learning rates,
+    GradScaler scale): no activations, no per-tensor gradients, no optimizer state."""
+    state_every: int | None = None
+    """Capture complete state after every ``state_every``-th step (steps K-1, 2K-1, ...:
+    the state a replay of step K starts from), besides ``state_steps``. None: only
+    ``state_steps``; with ``detail='sentinel'`` None means ``DEFAULT_STATE_EVERY``."""
+
+    def __post_init__(self) -> None:
+        if self.detail not in DETAILS:
+            raise UsageError(f"detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
+        if self.state_every is None and self.detail == "sentinel":
+            object.__setattr__(self, "state_every", DEFAULT_STATE_EVERY)
+        if self.state_every is not None and (isinstance(self.state_every, bool) or not isinstance(self.state_every, int)
+                                             or self.state_every < 1):
+            raise UsageError(f"state_every takes a whole number of steps >= 1 (got {self.state_every!r})")
+
+    @property
+    def sentinel(self) -> bool:
+        """Only the sentinels of each step are recorded (``detail='sentinel'``)."""
+        return self.detail == "sentinel"
+
+    def wants_state(self, step: int) -> bool:
+        """Whether complete state is captured after ``step``."""
+        k = self.state_every
+        return step in self.state_steps or (k is not None and step % k == k - 1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -170,6 +207,8 @@ class RecordPolicy:
             "zoom_module": self.zoom_module,
             "zoom_step": self.zoom_step,
             "max_records_per_step": self.max_records_per_step,
+            "detail": self.detail,
+            "state_every": self.state_every,
         }
 
 
@@ -328,6 +367,7 @@ class TorchRecorder:
     def __init__(self, writer: Any, policy: RecordPolicy, *, stop_at_limit: bool = False) -> None:
         self.writer = writer
         self.policy = policy
+        self._sentinel = policy.sentinel  # only the step's sentinels are recorded (RecordPolicy.detail)
         self.stop_at_limit = stop_at_limit
         self.step = 0
         self.done = False
@@ -418,6 +458,8 @@ class TorchRecorder:
 
     def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None,
              fresh: bool = False) -> fpt.Pending | None:
+        if self._sentinel and kind not in SENTINEL_KINDS:
+            return None
         if not _fingerprintable(t):
             return None
         if kind in ("input", "output") and not self._room():
@@ -797,13 +839,16 @@ class TorchRecorder:
             if len(self._stack) == 1:
                 self._eval_forward(module)
             return
+        if self._sentinel and len(self._stack) > 1:  # sentinel: only a root's forward matters (batches, init)
+            return
         t0 = time.perf_counter()
         with torch.no_grad():
             if len(self._stack) == 1:
                 self._training_root(module, args)
                 if self.done:
                     return
-            self._in_stack[-1] = [self._begin(t) for t in _tensors(args) if _fingerprintable(t)]
+            if not self._sentinel:  # module inputs: only activations use them
+                self._in_stack[-1] = [self._begin(t) for t in _tensors(args) if _fingerprintable(t)]
         self._record_s += time.perf_counter() - t0
 
     def _training_root(self, module: torch.nn.Module, args: tuple) -> None:
@@ -1052,9 +1097,12 @@ class TorchRecorder:
             params = [(n, p) for n, p in self._root_params() if id(p) in self._bw_snap]
             for name, p in params:
                 seen = self._grad_seen.get(id(p))
-                if seen is None or seen[3] is None:
+                if seen is None or (seen[3] is None and not self._sentinel):
                     continue
                 have += 1
+                if self._sentinel:  # the norm only
+                    self._pre_clip.append(seen[2])
+                    continue
                 g = seen[0]()
                 e = _Entry(kind="grad", name=self._unique("grad", name), pending=seen[3], source=g)
                 if self._full and g is not None and _version(g) == seen[1]:
@@ -1101,6 +1149,8 @@ class TorchRecorder:
                 self._eval_output(output)
                 self._eval_root = None
             return
+        if self._sentinel:  # no activations, no output
+            return
         t0 = time.perf_counter()
         with torch.no_grad():
             is_model = not self._stack and id(module) == self._primary
@@ -1136,7 +1186,9 @@ class TorchRecorder:
             # the gradient before clipping: fingerprinted here; the optimizer pre-hook
             # reuses this unless clipping (or anything else) changed it in place since.
             # The last item: its fingerprint, the grad record of a loop without an optimizer
-            if self.policy.stats:
+            if self._sentinel:  # the norm only: no per-tensor gradient records
+                self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g), None)
+            elif self.policy.stats:
                 pending = self._begin(g)
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), pending, pending)
             else:
@@ -1222,6 +1274,10 @@ class TorchRecorder:
                         missing.append(name)
                         continue
                     have += 1
+                    if self._sentinel:  # the total norm before clipping, no grad record
+                        seen = self._grad_seen.get(id(p))
+                        self._pre_clip.append(seen[2] if seen is not None and seen[0]() is grad else _norm(grad))
+                        continue
                     now = self._add("grad", name, grad)  # a cache hit when the hook saw it unchanged
                     seen = self._grad_seen.get(id(p))
                     if seen is not None and seen[0]() is grad:
@@ -1243,7 +1299,7 @@ class TorchRecorder:
             for g, group in enumerate(opt.param_groups):
                 for i, p in enumerate(group["params"]):
                     self._add("param", self._param_name(p, g, i), p)
-            for g, group in enumerate(opt.param_groups):
+            for g, group in enumerate(opt.param_groups if not self._sentinel else ()):  # sentinel: no optimizer state
                 for i, p in enumerate(group["params"]):
                     state = opt.state.get(p)
                     if not state:
@@ -1297,7 +1353,7 @@ class TorchRecorder:
         self._disk_used = self._trace_bytes()
 
         step = self.step
-        if step in self.policy.state_steps:
+        if self.policy.wants_state(step):
             self._capture_state(step, opt)
         self.step += 1
         self._reset_step()

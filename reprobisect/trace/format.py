@@ -14,6 +14,14 @@ unseeded or changed initialization is named as such rather than at a later recor
 Evaluation (forward passes under ``no_grad``/``inference_mode``, Lightning's sanity check,
 validation and test) is never a record: it is summarised in the step's ``scalars["eval"]``,
 which compare does not use for its verdict.
+
+Detail levels (the manifest's ``policy.detail``; a trace without it is ``full``):
+``full`` holds every record of the chain each step; ``sentinel`` holds only the cheap
+sentinels of each step (``SENTINEL_KINDS``: the initial parameters at step 0, the batch
+IDs and batch tensors, the loss, the parameters after the step; and the scalars
+``SENTINEL_SCALARS``: total gradient norm, learning rates, GradScaler scale) plus the
+complete state every ``policy.state_every`` steps (``state/step-K`` after steps K-1,
+2K-1, ...), from which the steps in between can be replayed at full detail.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ __all__ = [
     "Record",
     "Step",
     "Manifest",
+    "DETAILS",
+    "SENTINEL_KINDS",
+    "SENTINEL_SCALARS",
+    "DEFAULT_STATE_EVERY",
     "check_file_name",
     "shard_name",
     "tensor_key",
@@ -45,6 +57,14 @@ VERSION = 1
 KINDS = ("init", "batch", "input", "activation", "output", "loss", "grad", "param", "optim_state")
 STATUSES = ("complete", "incomplete", "failed")
 STAT_KEYS = ("norm", "min", "max", "mean", "nan", "inf")
+DETAILS = ("full", "sentinel")
+"""Detail levels a trace can be recorded at (``policy.detail``); ``full`` when absent."""
+SENTINEL_KINDS = ("init", "batch", "loss", "param")
+"""Record kinds a ``sentinel`` trace holds (no activations, gradients or optimizer state)."""
+SENTINEL_SCALARS = ("grad_norm", "lr", "scaler_scale")
+"""Step scalars a ``sentinel`` trace compares, besides its records (in this order)."""
+DEFAULT_STATE_EVERY = 50
+"""Steps between complete-state captures of a ``sentinel`` trace when none is given."""
 
 
 def shard_name(step: int) -> str:
@@ -281,6 +301,17 @@ class Step:
         return cls(step=k, records=records, batch_ids=batch_ids, scalars=scalars)
 
 
+def _check_detail(policy: dict[str, Any]) -> None:
+    """``policy.detail`` (absent: full) is a level this reader knows; ``state_every`` a positive integer."""
+    detail = policy.get("detail")
+    if detail is not None and detail not in DETAILS:
+        raise ValueError(f"unknown detail level {_short(detail)} (this reader knows {', '.join(DETAILS)}; "
+                         "a newer reprobisect may have written it)")
+    k = policy.get("state_every")
+    if k is not None and not (is_int(k) and k >= 1):
+        raise ValueError(f"'policy.state_every' is {_short(k)}, not a positive integer")
+
+
 @dataclass(frozen=True)
 class Manifest:
     """What a trace is: the run it recorded, how, in what environment, and how it ended."""
@@ -298,6 +329,17 @@ class Manifest:
     recorder: dict[str, Any] | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def detail(self) -> str:
+        """``full`` or ``sentinel``: what each step of the trace holds (older traces: ``full``)."""
+        return self.policy.get("detail") or "full"
+
+    @property
+    def state_every(self) -> int | None:
+        """Steps between complete-state captures (``policy.state_every``), or None."""
+        k = self.policy.get("state_every")
+        return k if is_int(k) and k >= 1 else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -330,6 +372,7 @@ class Manifest:
             steps = _field(d, "steps", int, optional=True) or 0
             if steps < 0:
                 raise ValueError(f"'steps' is {steps}")
+            _check_detail(_field(d, "policy", dict, optional=True) or {})
             return cls(
                 status=status,
                 command=list(command),

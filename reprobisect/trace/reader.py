@@ -59,6 +59,21 @@ class Trace:
     def complete(self) -> bool:
         return self.manifest.status == "complete"
 
+    @property
+    def detail(self) -> str:
+        """``full`` or ``sentinel`` (``Manifest.detail``; traces written before the field: ``full``)."""
+        return self.manifest.detail
+
+    @property
+    def state_steps(self) -> list[int]:
+        """Steps after which the trace holds complete state (``state/step-K/``), in order."""
+        steps = set()
+        for rel in self.manifest.files:
+            parts = rel.split("/")
+            if len(parts) > 2 and parts[0] == "state" and parts[1].startswith("step-") and parts[1][5:].isdigit():
+                steps.add(int(parts[1][5:]))
+        return sorted(steps)
+
     def step(self, k: int) -> Step | None:
         for s in self.steps:
             if s.step == k:

@@ -27,6 +27,7 @@ from reprobisect.executors.base import Executor
 from reprobisect.executors.local import LocalExecutor
 from reprobisect.executors.process import launch_argv
 from reprobisect.support.outputlog import OUTPUT_LOG
+from reprobisect.trace.format import DETAILS
 from reprobisect.trace.outdir import check_trace_target
 
 __all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
@@ -62,6 +63,11 @@ class CaptureConfig:
     """Extra environment variables for the command."""
     quiet: bool = False
     """Do not stream the command's output to the terminal (it is kept in ``output.log`` either way)."""
+    detail: str = "full"
+    """What each step records: ``full`` (the whole chain) or ``sentinel`` (batch, loss, gradient
+    norm, learning rates, scale, parameters after the step; ``reprobisect.trace.format``)."""
+    state_every: int | None = None
+    """Complete state after every K-th step (None: 50 with ``sentinel``, else only ``state_steps``)."""
 
     def __post_init__(self) -> None:
         # NaN compares False with everything: 'timeout <= 0' alone would take --timeout nan as no limit
@@ -72,6 +78,10 @@ class CaptureConfig:
             check_number("--max-disk", self.max_disk, minimum=1, integer=True, unit=" bytes")
         if self.max_records_per_step is not None:
             check_number("--max-records-per-step", self.max_records_per_step, minimum=1, integer=True)
+        if self.detail not in DETAILS:
+            raise UsageError(f"--detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
+        if self.state_every is not None:
+            check_number("--state-every", self.state_every, minimum=1, integer=True)
 
     def spec(self, argv: Sequence[str], workdir: Path, trace: Path | None = None) -> ProbeSpec:
         """The probe that records ``argv`` run in ``workdir`` into ``trace``."""
@@ -92,6 +102,8 @@ class CaptureConfig:
             full_steps=tuple(self.full_steps),
             state_steps=tuple(self.state_steps),
             stop_on_nonfinite=self.stop_on_nonfinite,
+            detail=self.detail,
+            state_every=self.state_every,
             timeout=self.timeout,
             extra_launch_args=tuple(extra),
             trace_dir=str(trace) if trace is not None else None,

@@ -45,6 +45,7 @@ def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str |
         steps=options.steps,
         full_steps=options.full_steps,
         timeout=options.timeout,
+        **options.launch_fields(),
     )
 
 

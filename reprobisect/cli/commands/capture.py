@@ -37,7 +37,7 @@ def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None,
             max_records_per_step: int | None, as_json: bool, cmd: tuple[str, ...]) -> int:
     """Record a few steps of an unmodified training command (after --) into a trace.
 
-    --steps, --timeout, --full-steps, --executor (with its flags) and --config mean what
+    --steps, --timeout, --full-steps, --detail, --state-every, --executor (with its flags) and --config mean what
     they mean for the probing commands, and a --config file's keys for them apply here too.
     """
     config = CaptureConfig(
@@ -49,6 +49,8 @@ def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None,
         stop_on_nonfinite=stop_on_nonfinite,
         max_disk=max_disk,
         max_records_per_step=max_records_per_step,
+        detail=options.detail,
+        state_every=options.state_every,
         quiet=options.quiet or as_json,  # --json: stdout is the JSON only
     )
     if options.executor == "local":

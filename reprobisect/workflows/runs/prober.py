@@ -84,6 +84,7 @@ class Prober:
             repeat=self.cfg.repeat,
             reference=self.reference_commit if self.cfg.check == "match" else None,
             **({"links": list(self.links)} if self.links else {}),  # linked data changes what a probe sees
+            **(o.launch_fields() if o.detail != "full" or o.state_every else {}),  # what a trace holds
         )
 
     def cached_trace(self, commit: str) -> str | None:
@@ -194,4 +195,5 @@ class Prober:
             stop_on_nonfinite=self.cfg.check == "finite",
             timeout=o.timeout,
             links=self.links,
+            **o.launch_fields(),
         )

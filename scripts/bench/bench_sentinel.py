@@ -1,0 +1,168 @@
+"""What ``--detail sentinel`` costs per step, against plain training and ``--detail full``.
+
+    python scripts/bench/bench_sentinel.py [--steps 1000] [--chunk 50] [--modes plain,sentinel,full] [--json]
+
+On the recorder benchmark's MLP (``examples/mlp.py``: 4 x 1024, batch 256; ``--hidden``
+makes it smaller), in one process: the run is cut into chunks of ``--chunk`` steps; each
+chunk is run once per mode, the modes interleaved in a rotating order, every mode from the
+same saved model/optimizer/RNG state on the same batches (so that machine noise and the
+MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a fresh
+recorder writing a real trace (its first, untimed step learns names and hooks; then
+``--chunk`` timed steps), so with ``--chunk 50`` each sentinel chunk captures its complete
+state once, as ``--state-every 50`` does. Printed: each mode's total time over all chunks
+and its ratio to plain (wall and process CPU time), and the time spent inside the
+recorder (every hook, the step's end, writing, state capture: ``TorchRecorder.guarded``
+timed) per step and as ``1 + recorder time / plain time`` (``cost_ratio``): on a shared
+machine whole-step ratios move by more than a sentinel costs, the recorder's own time
+does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import mlp as mlp_example  # noqa: E402
+
+from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
+from reprobisect.trace.writer import TraceWriter  # noqa: E402
+
+POLICIES = {
+    "sentinel": dict(detail="sentinel"),  # state every 50 (the default)
+    "sentinel_nostate": dict(detail="sentinel", state_every=10**9),
+    "full": dict(detail="full"),
+}
+
+
+def build(hidden: int, batches: int):
+    a = mlp_example.parse(["--features", "1024", "--hidden", str(hidden), "--layers", "4", "--batch-size", "256",
+                           "--samples", str(256 * batches), "--dropout", "0.1"])
+    model, opt, loader, loss_fn = mlp_example.build(a)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    data = [b for b in loader][:batches]
+    return step, data, [model, opt]
+
+
+def run(step, batches, cpu: list[float] | None = None) -> float:
+    t0, c0 = time.perf_counter(), time.process_time()
+    for x, y in batches:
+        step(x, y)
+    if cpu is not None:
+        cpu.append(time.process_time() - c0)
+    return time.perf_counter() - t0
+
+
+def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> dict:
+    step, data, stateful = build(hidden, chunk + 1)
+    run(step, data[:3])  # warm-up
+    saved = [copy.deepcopy(o.state_dict()) for o in stateful]
+    rng = torch.get_rng_state()
+    wall = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    record_s: dict[str, float] = {m: 0.0 for m in modes}
+    rounds = max(1, steps // chunk)
+    spent = _time_recorder()
+    inside: dict[str, float] = {m: 0.0 for m in modes}
+    for r in range(rounds):
+        for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+            for o, st in zip(stateful, saved):
+                o.load_state_dict(copy.deepcopy(st))
+            torch.set_rng_state(rng)
+            if mode == "plain":
+                run(step, data[:1])
+                wall[mode].append(run(step, data[1:], cpu[mode]))
+                continue
+            writer = TraceWriter(tmp / f"{mode}-{r}", command=["bench"], policy={})
+            rec = TorchRecorder(writer, RecordPolicy(steps=10**9, **POLICIES[mode])).install()
+            try:
+                run(step, data[:1])  # untimed: the recorder's first step (names, hooks, init records)
+                spent[0] = 0.0
+                wall[mode].append(run(step, data[1:], cpu[mode]))
+                inside[mode] += spent[0]
+            finally:
+                rec.remove()
+                writer.close()
+            record_s[mode] += sum(s.scalars.get("record_s", 0.0) for s in _steps(tmp / f"{mode}-{r}"))
+    total = {m: sum(v) for m, v in wall.items()}
+    ctotal = {m: sum(v) for m, v in cpu.items()}
+    n = rounds * chunk
+    return {
+        "steps_per_mode": n, "chunk": chunk, "hidden": hidden, "threads": torch.get_num_threads(),
+        "total_s": {m: round(v, 3) for m, v in total.items()},
+        "ratio": {m: round(v / total["plain"], 4) for m, v in total.items()},
+        "cpu_ratio": {m: round(v / ctotal["plain"], 4) for m, v in ctotal.items()},
+        "plain_step_ms": round(total["plain"] / n * 1e3, 3),
+        "record_ms_per_step": {m: round(v / (rounds * (chunk + 1)) * 1e3, 3) for m, v in record_s.items() if m != "plain"},
+        "recorder_ms_per_step": {m: round(v / n * 1e3, 3) for m, v in inside.items() if m != "plain"},
+        "cost_ratio": {m: round(1 + v / total["plain"], 4) for m, v in inside.items() if m != "plain"},
+    }
+
+
+def _time_recorder() -> list[float]:
+    """Time spent inside the recorder from now on (outermost ``guarded`` calls), in a one-item list."""
+    orig = TorchRecorder.guarded
+    spent = [0.0, 0]
+
+    def guarded(self, *args, **kwargs):
+        if spent[1]:
+            return orig(self, *args, **kwargs)
+        spent[1] = 1
+        t0 = time.perf_counter()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+            spent[1] = 0
+
+    TorchRecorder.guarded = guarded
+    return spent
+
+
+def _steps(path: Path):
+    from reprobisect.trace import read_trace
+
+    return read_trace(path).steps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=1000, help="steps per mode in all (default 1000)")
+    p.add_argument("--chunk", type=int, default=50, help="steps per mode per round (default 50)")
+    p.add_argument("--modes", default="plain,sentinel,full")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = bench(args.steps, args.chunk, modes, args.hidden, Path(tmp))
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    print(f"torch {torch.__version__}, {res['threads']} threads; MLP hidden {res['hidden']}, {res['steps_per_mode']} "
+          f"steps per mode in chunks of {res['chunk']}; plain step {res['plain_step_ms']} ms")
+    for m in modes:
+        extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x"
+                 if m in res["recorder_ms_per_step"] else "")
+        print(f"  {m:<18} {res['total_s'][m]:8.2f} s  {res['ratio'][m]:.3f}x wall  {res['cpu_ratio'][m]:.3f}x cpu{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
