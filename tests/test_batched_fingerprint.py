@@ -18,7 +18,7 @@ import torch
 
 from reprobisect.runners import batched_torch as bt
 from reprobisect.runners import fingerprint_torch as fpt
-from reprobisect.trace import fingerprint as ref
+from reprobisect.trace.fingerprint import _row_sums, dtype_name, finish_fingerprint
 from reprobisect.trace import read_trace
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -38,8 +38,8 @@ def _reference(t: torch.Tensor) -> str:
     pad = (-h.size) % 4
     lanes = np.concatenate([h, np.zeros(pad, np.uint8)]).view("<i4")
     with np.errstate(over="ignore"):
-        sums = ref._row_sums(lanes)
-    return ref.finish_fingerprint(ref.dtype_name(t.dtype), tuple(t.shape), bits.nbytes, sums)
+        sums = _row_sums(lanes)
+    return finish_fingerprint(dtype_name(t.dtype), tuple(t.shape), bits.nbytes, sums)
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def tensors() -> list[torch.Tensor]:
 def _assert_stats_close(got: dict, want: dict, n: int) -> None:
     assert got["nan"] == want["nan"] and got["inf"] == want["inf"]
     assert got["min"] == want["min"] and got["max"] == want["max"]
-    assert got["norm"] == pytest.approx(want["norm"], rel=1e-12)
+    assert got["norm"] == pytest.approx(want["norm"], rel=1e-10)
     # a sum's rounding is relative to the magnitudes summed (its value may cancel to ~0)
     assert got["mean"] == pytest.approx(want["mean"], rel=1e-12, abs=1e-14 * want["norm"] / math.sqrt(n))
 
@@ -88,6 +88,14 @@ def test_without_stats_and_the_layout_is_reused(tensors) -> None:
     got = fpt.finish_many([(p, None) for p in first + again])
     for t, (fp, st) in zip(tensors[:5] * 2, got):
         assert fp == _reference(t) and st is None
+
+
+def test_layouts_sharing_the_scratch_buffer_see_zero_padding() -> None:
+    big, small = torch.full((300,), 7.0), torch.tensor([1.0, -2.0, 3.0])  # big writes where small pads
+    for ts in ([big], [small], [big, small], [small]):
+        got = fpt.finish_many([(p, t) for p, t in zip(bt.begin_many(ts), ts)])
+        assert [fp for fp, _ in got] == [_reference(t) for t in ts]
+        assert [st["max"] for _, st in got] == [float(t.max()) for t in ts]
 
 
 def test_mixed_eligible_and_other_tensors_keep_their_order() -> None:
@@ -154,3 +162,13 @@ def test_a_recorded_step_is_the_same_on_the_batched_path(tmp_path: Path) -> None
                 _assert_stats_close(rb.stats, ra.stats, n)
         assert sb.scalars["grad_norm"] == pytest.approx(sa.scalars["grad_norm"], rel=1e-12)
         assert sb.scalars["grad_norm"] > 0.05  # before clipping
+
+
+def test_batches_are_cut_by_bytes_and_huge_tensors_go_alone(tensors, monkeypatch) -> None:
+    monkeypatch.setattr(bt, "MAX_BATCH_BYTES", 64 << 10)
+    monkeypatch.setattr(bt, "MAX_TENSOR_BYTES", 32 << 10)
+    pend = bt.begin_many(tensors)
+    assert len({id(p.batch) for p in pend if p.batch is not None}) > len(DTYPES)
+    assert any(p.batch is None for p in pend)  # over MAX_TENSOR_BYTES: the per-tensor path
+    got = fpt.finish_many([(p, t) for p, t in zip(pend, tensors)])
+    assert [fp for fp, _ in got] == [_reference(t) for t in tensors]

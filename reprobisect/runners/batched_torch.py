@@ -7,8 +7,12 @@ arithmetic, are what a step pays (8-10x a plain step on an H200). Here every gro
 tensors with the same device and dtype costs a fixed number of ops, whatever the number of
 tensors:
 
-1. one ``torch._foreach_copy_`` packs the tensors into one preallocated, zeroed buffer
-   (its layout and views are built once per set of shapes and reused every step);
+1. one ``torch._foreach_copy_`` packs the tensors into a scratch buffer (one per device and
+   dtype, shared by every set of shapes, its padding zero; a set's layout and views are
+   built once and reused every step). A batch packs at most ``MAX_BATCH_BYTES`` (more bytes
+   make more batches: their number grows with the bytes, never with the tensors), so the
+   path holds that much scratch at most; a tensor over ``MAX_TENSOR_BYTES`` takes the
+   per-tensor path, whose few launches are nothing next to its size;
 2. the buffer is cut into *slots*: a tensor of at most 16 or 256 lanes takes one slot of
    that many 32-bit lanes, a larger one takes one slot of ``ROW`` lanes per row. Each
    tensor starts at a slot boundary and its padding stays zero, so one widening multiply by
@@ -50,9 +54,12 @@ __all__ = ["Batch", "begin_many", "enabled_for", "force"]
 SLOTS = (16, 256, ROW)  # lanes per slot, per class: at most 16x padding on tiny tensors
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _BLOCK_ROWS = 4096  # rows of ROW lanes per block of int64 scratch (64 MiB of float32 read)
-_MAX_LAYOUTS = 16
+_MAX_LAYOUTS = 64
+MAX_BATCH_BYTES = 256 << 20  # packed bytes per batch: bounds the scratch memory the path holds
+MAX_TENSOR_BYTES = 64 << 20  # larger tensors take the per-tensor path (their launches are amortised)
 _forced: bool | None = None
 _layouts: "OrderedDict[tuple, _Layout]" = OrderedDict()
+_scratch: dict[tuple[torch.device, torch.dtype], list[Any]] = {}  # -> [buffer, layout that last filled it]
 
 
 def force(on: bool | None) -> None:
@@ -132,17 +139,37 @@ class _Layout:
             if slot > s0:
                 self.classes.append(_Class(size, c0, slot - s0, s0))
         self.total_slots = slot
-        elems = lane * 4 // es  # every class starts at a multiple of 16 lanes: whole elements
-        self.buf = torch.zeros(elems, dtype=dtype, device=device)
-        self.views = [self._elem_view(starts[k], numels[k], es).view(shapes[k]) for k in range(len(shapes))]
+        self.elems = lane * 4 // es  # every class starts at a multiple of 16 lanes: whole elements
+        self.dtype, self.device = dtype, device
+        self._spans = [(starts[k] * 4 // es, numels[k], shapes[k]) for k in range(len(shapes))]
+        self._bound: torch.Tensor | None = None
+        self.buf = torch.empty(0, dtype=dtype, device=device)
+        self.views: list[torch.Tensor] = []
         for cl in self.classes:
             self._mask(cl, starts, numels, es)
         self.combines = self._combines(device)
         self.neutral = torch.tensor([[0.0], [0.0], [float("inf")], [float("-inf")]], dtype=torch.float64, device=device)
 
-    def _elem_view(self, lane: int, numel: int, es: int) -> torch.Tensor:
-        at = lane * 4 // es
-        return self.buf[at : at + numel]
+    def fill(self, ts: list[torch.Tensor]) -> None:
+        """Copy ``ts`` into this layout's place in the shared scratch buffer (one op), its
+        padding zero (cleared when another layout wrote the buffer last)."""
+        key = (self.device, self.dtype)
+        held = _scratch.get(key)
+        if held is None or held[0].numel() < self.elems:
+            for lay in _layouts.values():  # views of the old buffer: let it go
+                if lay.device == self.device and lay.dtype == self.dtype:
+                    lay.unbind()
+            held = _scratch[key] = [torch.zeros(self.elems, dtype=self.dtype, device=self.device), self]
+        elif held[1] is not self:
+            held[0][: self.elems].zero_()
+            held[1] = self
+        if self._bound is not held[0]:
+            self._bound, self.buf = held[0], held[0][: self.elems]
+            self.views = [self.buf[at : at + n].view(shape) for at, n, shape in self._spans]
+        torch._foreach_copy_(self.views, ts)
+
+    def unbind(self) -> None:
+        self._bound, self.buf, self.views = None, torch.empty(0, dtype=self.dtype, device=self.device), []
 
     def lanes(self, cl: _Class) -> torch.Tensor:
         """The class's slots as (n, lanes) int32."""
@@ -159,7 +186,7 @@ class _Layout:
         mine = [k for k, (s0, _n) in enumerate(self.rows) if cl.slot0 <= s0 < cl.slot0 + cl.n]
         if all(numels[k] == self.rows[k][1] * per_slot for k in mine):
             return  # no padding anywhere in this class
-        dev = self.buf.device
+        dev = self.device
         if cl.lanes != ROW:
             valid = np.zeros(cl.n * per_slot, dtype=bool)
             for k in mine:
@@ -298,7 +325,7 @@ def _tensor_stats(lay: _Layout, slot: torch.Tensor) -> tuple[torch.Tensor, list[
 def _begin_group(ts: list[torch.Tensor], with_stats: bool) -> list[fpt.Pending]:
     t0 = ts[0]
     lay = _layout(t0.device, t0.dtype, tuple(tuple(t.shape) for t in ts))
-    torch._foreach_copy_(lay.views, ts)
+    lay.fill(ts)
     sums = _row_sums(lay)
     cols = None
     if with_stats:
@@ -322,12 +349,28 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     out: list[Any] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for k, t in enumerate(tensors):
-        if enabled_for(t.device) and _eligible(t):
+        if enabled_for(t.device) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES:
             groups.setdefault((t.device, t.dtype), []).append(k)
         else:
             out[k] = fpt.begin(t, with_stats=with_stats)
     with torch.no_grad():
         for ks in groups.values():
-            for k, p in zip(ks, _begin_group([tensors[k] for k in ks], with_stats)):
-                out[k] = p
+            for chunk in _chunks(ks, tensors):
+                for k, p in zip(chunk, _begin_group([tensors[k] for k in chunk], with_stats)):
+                    out[k] = p
+    return out
+
+
+def _chunks(ks: list[int], tensors: list[torch.Tensor]) -> list[list[int]]:
+    """``ks`` in runs of at most ``MAX_BATCH_BYTES`` (a number of batches that grows with
+    the bytes, never with the number of tensors)."""
+    out: list[list[int]] = [[]]
+    size = 0
+    for k in ks:
+        n = tensors[k].numel() * tensors[k].element_size() + 4 * ROW  # with its worst padding
+        if out[-1] and size + n > MAX_BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(k)
+        size += n
     return out

@@ -1082,9 +1082,9 @@ class TorchRecorder:
     def _end_manual_step(self) -> None:
         """End a step of a loop that updates parameters by hand: its gradients (as backward
         left them, before any clipping the loop did), its parameters now (after the update)."""
+        self._flush_grads()  # (times itself)
         t0 = time.perf_counter()
         have = 0
-        self._flush_grads()
         with torch.no_grad():
             params = [(n, p) for n, p in self._root_params() if id(p) in self._bw_snap]
             for name, p in params:
@@ -1190,10 +1190,12 @@ class TorchRecorder:
         live = [(p, g) for p, g in todo if (s := self._grad_seen.get(id(p))) is not None and s[0]() is g]
         if not live:
             return
+        t0 = time.perf_counter()
         with torch.no_grad():
             pendings = self._begin_many([g for _, g in live])
         for (p, g), q in zip(live, pendings):
             self._grad_seen[id(p)] = (weakref.ref(g), _version(g), q, q)
+        self._record_s += time.perf_counter() - t0
 
     @_hook
     def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
@@ -1261,9 +1263,9 @@ class TorchRecorder:
         return (args[0], recorded_closure, *args[2:]), kwargs
 
     def _record_grads(self, opt: torch.optim.Optimizer) -> None:
+        self._flush_grads()  # (times itself)
         t0 = time.perf_counter()
         self._record_init_of(opt)  # (before the update; after a closure's forward has named the model)
-        self._flush_grads()
         missing: list[str] = []
         items: list[tuple[str, str, torch.Tensor]] = []
         params: list[tuple[torch.Tensor, torch.Tensor]] = []
