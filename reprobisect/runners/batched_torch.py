@@ -348,8 +348,9 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     dtype that ``enabled_for`` their device take the batched path together (no host sync)."""
     out: list[Any] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    cpu = _cpu_forced()
     for k, t in enumerate(tensors):
-        if enabled_for(t.device) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES:
+        if (cpu or not t.is_cpu) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES:
             groups.setdefault((t.device, t.dtype), []).append(k)
         else:
             out[k] = fpt.begin(t, with_stats=with_stats)
