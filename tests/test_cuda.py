@@ -220,3 +220,63 @@ def test_fp16_amp_steps_the_scaler_skips_are_their_own_steps(tmp_path):
         assert [r.name for r in s.records if r.kind == "activation"] == ["0", "1", "2"], s.step
     scales = [s.scalars["scaler_scale"] for s in t.steps[: len(skipped) + 1]]
     assert scales == [2.0**40 / 2**k for k in range(len(skipped) + 1)]
+
+
+# -- the batched path (runners.batched_torch): the default for tensors on the GPU ---------------
+
+
+def test_batched_fingerprints_on_the_device_equal_the_host_reference():
+    from reprobisect.runners import batched_torch as bt
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ts = [(torch.randn(n, generator=g, device="cuda") * 3).to(dt)
+          for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+          for n in (1, 17, 257, ROW - 1, ROW + 1, 3 * ROW + 5)]
+    ts += [torch.randn(40, 24, device="cuda").t(), torch.tensor([1.0, float("nan"), float("inf")], device="cuda")]
+    torch.use_deterministic_algorithms(True)
+    try:
+        pend = bt.begin_many(ts)
+        got = ft.finish_many([(p, t) for p, t in zip(pend, ts)])
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(p.batch is not None for p in pend)
+    for t, (fp, s) in zip(ts, got):
+        host = t.cpu()
+        assert fp == ft.fingerprint(host)
+        want = ft.fingerprint_and_stats(host)[1]
+        assert (s["nan"], s["inf"], s["min"], s["max"]) == (want["nan"], want["inf"], want["min"], want["max"])
+        for k in ("norm", "mean"):
+            if not isinstance(want[k], str):
+                assert s[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
+
+
+def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkeypatch):
+    """The batched fingerprints of grads, params and optimizer state never synchronise
+    (once a set of shapes has its layout): the step's one copy to the host is at its end."""
+    import reprobisect.torch as rt
+    from reprobisect.runners import batched_torch as bt
+
+    orig, calls = bt.begin_many, []
+
+    def strict(ts, with_stats=True):
+        if len(bt._layouts) >= 2:  # grads/params/moments share one layout, Adam's steps another
+            torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
+        try:
+            calls.append(len(ts))
+            return orig(ts, with_stats)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(bt, "begin_many", strict)
+    bt._layouts.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)]).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randn(32, 64, device="cuda")
+    with rt.record(model, opt, trace=tmp_path / "t", steps=4) as rec:
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    assert rec.failed is None and max(calls) >= 16
+    assert len(read_trace(tmp_path / "t").steps) == 4

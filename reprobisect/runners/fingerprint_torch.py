@@ -6,6 +6,11 @@ work without synchronising, ``finish_many`` brings the small results of a whole 
 the host in one transfer per device (``finish`` does one), so a recorder synchronises once
 per step. NaN/Inf are counted only for a tensor whose sum is not finite.
 
+Many tensors ready at one moment (the parameters after a step, their gradients, the
+optimizer's state) on an accelerator go through ``reprobisect.runners.batched_torch``
+instead: a constant number of device ops per device and dtype, whatever the number of
+tensors; its pendings carry a ``batch`` that ``finish_many`` copies with the rest.
+
 CPU tensors: the native kernel (``reprobisect.native``) reads each tensor once for its
 row sums and statistics, near memory speed; the torch-op paths below are the fallback
 when no kernel could be built, and the path for accelerators.
@@ -162,6 +167,8 @@ class Pending:
     stats: torch.Tensor | list[float] | None  # [sum, norm, min, max] (float64 on device, or host floats)
     numel: int
     counts: tuple[int, int] | None = None  # (nan, inf), when already counted
+    batch: Any = None  # a ``batched_torch.Batch`` holding this tensor's results (row_sums, stats unused)
+    index: int = 0  # this tensor's place in ``batch``
 
 
 _WIDE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
@@ -334,21 +341,31 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
     """
     host: list[tuple[np.ndarray, list[float] | None]] = [None] * len(items)  # type: ignore[list-item]
     by_device: dict[torch.device, list[int]] = {}
+    batches: dict[torch.device, dict[int, Any]] = {}  # batched results not yet on the host
     for k, (p, _) in enumerate(items):
-        if isinstance(p.row_sums, np.ndarray):
+        if p.batch is not None:
+            if p.batch.host is None:
+                batches.setdefault(p.batch.result.device, {})[id(p.batch)] = p.batch
+        elif isinstance(p.row_sums, np.ndarray):
             host[k] = (p.row_sums, p.stats if not isinstance(p.stats, torch.Tensor) else p.stats.tolist())
         elif p.row_sums.device.type == "cpu":
             host[k] = (p.row_sums.numpy(), p.stats.tolist() if p.stats is not None else None)
         else:
             by_device.setdefault(p.row_sums.device, []).append(k)
-    for ks in by_device.values():
+    for device in set(by_device) | set(batches):
+        ks = by_device.get(device, [])
         parts = []
         for k in ks:
             p = items[k][0]
             parts.append(p.row_sums)
             if p.stats is not None:
                 parts.append(p.stats.view(torch.int64))
-        flat = torch.cat(parts).cpu().numpy()
+        group = list(batches.get(device, {}).values())
+        parts += [b.result for b in group]
+        flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy()
+        end = len(flat)
+        for b in reversed(group):  # the batches' results come last, in order
+            b.host, end = flat[end - b.result.numel() : end], end - b.result.numel()
         at = 0
         for k in ks:
             p = items[k][0]
@@ -360,6 +377,9 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
                 st = flat[at : at + 4].view(np.float64).tolist()
                 at += 4
             host[k] = (sums, st)
+    for k, (p, _) in enumerate(items):
+        if p.batch is not None:
+            host[k] = p.batch.item(p.index)
     return [_finish_host(p, *host[k], source) for k, (p, source) in enumerate(items)]
 
 

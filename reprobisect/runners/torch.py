@@ -119,7 +119,9 @@ as ``seed``; the launcher writes it as the manifest's seed when it was given non
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import math
 import os
 import sys
@@ -134,6 +136,7 @@ import numpy as np
 import torch
 
 from reprobisect.errors import UsageError
+from reprobisect.runners import batched_torch
 from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
@@ -425,6 +428,7 @@ class TorchRecorder:
         self._batch_ids: list[int] | None = None
         self._grad_seen: dict[int, tuple[Any, int | None, fpt.Pending | torch.Tensor, fpt.Pending | None]] = {}
         self._pre_clip: list[fpt.Pending | torch.Tensor] = []
+        self._grad_todo: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, grad) to fingerprint in a batch
         self._data_wait = 0.0
         self._record_s = 0.0
         self._t0: float | None = None
@@ -456,6 +460,37 @@ class TorchRecorder:
             self._cache[id(t)] = (weakref.ref(t), v, p)
         return p
 
+    def _begin_many(self, ts: list[torch.Tensor]) -> list[fpt.Pending]:
+        """``_begin`` for tensors ready at one moment: the cache misses are fingerprinted
+        together (``batched_torch``: a constant number of device ops per device and dtype)."""
+        out: list[Any] = [None] * len(ts)
+        miss: list[int] = []
+        for k, t in enumerate(ts):
+            hit = self._cache.get(id(t))
+            v = _version(t)
+            if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
+                out[k] = hit[2]
+            else:
+                miss.append(k)
+        for k, p in zip(miss, batched_torch.begin_many([ts[k] for k in miss], with_stats=self.policy.stats)):
+            out[k] = p
+            v = _version(ts[k])
+            if v is not None:
+                self._cache[id(ts[k])] = (weakref.ref(ts[k]), v, p)
+        return out
+
+    def _add_many(self, items: list[tuple[str, str, torch.Tensor]]) -> list[fpt.Pending | None]:
+        """``_add`` for parameter, gradient and optimizer-state records ready at one moment."""
+        ok = [k for k, (_, _, t) in enumerate(items) if _fingerprintable(t)]
+        if ok and self._t0 is None:
+            self._t0 = time.perf_counter()
+        pendings = self._begin_many([items[k][2] for k in ok])
+        out: list[fpt.Pending | None] = [None] * len(items)
+        for k, p in zip(ok, pendings):
+            kind, base, t = items[k]
+            out[k] = self._push(kind, self._unique(kind, base), t, pending=p)
+        return out
+
     def _add(self, kind: str, base: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None,
              fresh: bool = False) -> fpt.Pending | None:
         if self._sentinel and kind not in SENTINEL_KINDS:
@@ -467,12 +502,14 @@ class TorchRecorder:
         return self._push(kind, self._unique(kind, base), t, module=module, inputs=inputs, fresh=fresh)
 
     def _push(self, kind: str, name: str, t: torch.Tensor, *, module: str | None = None, inputs: list | None = None,
-              fresh: bool = False) -> fpt.Pending:
-        """Begin ``t``'s fingerprint and buffer it as the step's next record ``kind name``."""
+              fresh: bool = False, pending: fpt.Pending | None = None) -> fpt.Pending:
+        """Begin ``t``'s fingerprint (unless ``pending`` is it) and buffer it as the step's
+        next record ``kind name``."""
         if self._t0 is None:
             self._t0 = time.perf_counter()
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
-        pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
+        if pending is None:
+            pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
         t = t.detach()
         e = _Entry(kind=kind, name=name, pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
@@ -1050,6 +1087,7 @@ class TorchRecorder:
     def _after_backward(self) -> None:
         if self._quiet:
             return
+        self._flush_grads()
         self.backwards += 1
         if self._opt_seen:
             return
@@ -1091,6 +1129,7 @@ class TorchRecorder:
     def _end_manual_step(self) -> None:
         """End a step of a loop that updates parameters by hand: its gradients (as backward
         left them, before any clipping the loop did), its parameters now (after the update)."""
+        self._flush_grads()  # (times itself)
         t0 = time.perf_counter()
         have = 0
         with torch.no_grad():
@@ -1188,12 +1227,29 @@ class TorchRecorder:
             # The last item: its fingerprint, the grad record of a loop without an optimizer
             if self._sentinel:  # the norm only: no per-tensor gradient records
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g), None)
+            elif self.policy.stats and batched_torch.enabled_for(g.device):
+                # in one batch with the others, when backward returns (``_flush_grads``)
+                self._grad_todo.append((p, g))
+                self._grad_seen[id(p)] = (weakref.ref(g), _version(g), None, None)
             elif self.policy.stats:
                 pending = self._begin(g)
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), pending, pending)
             else:
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g),
                                           None if self._opt_seen else self._begin(g))
+
+    def _flush_grads(self) -> None:
+        """Fingerprint the gradients the hook deferred, together (before any clipping)."""
+        todo, self._grad_todo = self._grad_todo, []
+        live = [(p, g) for p, g in todo if (s := self._grad_seen.get(id(p))) is not None and s[0]() is g]
+        if not live:
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad(), _gc_paused():
+            pendings = self._begin_many([g for _, g in live])
+        for (p, g), q in zip(live, pendings):
+            self._grad_seen[id(p)] = (weakref.ref(g), _version(g), q, q)
+        self._record_s += time.perf_counter() - t0
 
     @_hook
     def _on_batch(self, it: Any, idx: Any, data: Any, t0: float, t1: float) -> None:
@@ -1261,9 +1317,12 @@ class TorchRecorder:
         return (args[0], recorded_closure, *args[2:]), kwargs
 
     def _record_grads(self, opt: torch.optim.Optimizer) -> None:
+        self._flush_grads()  # (times itself)
         t0 = time.perf_counter()
         self._record_init_of(opt)  # (before the update; after a closure's forward has named the model)
         missing: list[str] = []
+        items: list[tuple[str, str, torch.Tensor]] = []
+        params: list[tuple[torch.Tensor, torch.Tensor]] = []
         have = 0
         with torch.no_grad():
             for g, group in enumerate(opt.param_groups):
@@ -1273,17 +1332,21 @@ class TorchRecorder:
                     if grad is None:
                         missing.append(name)
                         continue
-                    have += 1
                     if self._sentinel:  # the total norm before clipping, no grad record
                         seen = self._grad_seen.get(id(p))
                         self._pre_clip.append(seen[2] if seen is not None and seen[0]() is grad else _norm(grad))
+                        have += 1
                         continue
-                    now = self._add("grad", name, grad)  # a cache hit when the hook saw it unchanged
-                    seen = self._grad_seen.get(id(p))
-                    if seen is not None and seen[0]() is grad:
-                        self._pre_clip.append(seen[2])
-                    elif now is not None:
-                        self._pre_clip.append(now if self.policy.stats else _norm(grad))
+                    items.append(("grad", name, grad))
+                    params.append((p, grad))
+            # a cache hit when the hook saw it unchanged
+            for (p, grad), now in zip(params, self._add_many(items)):
+                seen = self._grad_seen.get(id(p))
+                if seen is not None and seen[0]() is grad and seen[2] is not None:
+                    self._pre_clip.append(seen[2])
+                elif now is not None:
+                    self._pre_clip.append(now if self.policy.stats else _norm(grad))
+        have += len(params)
         self._scalars["no_grad_params"] = missing
         self._scalars["grad_params"] = have
         self._scalars["no_gradients"] = have == 0
@@ -1294,11 +1357,17 @@ class TorchRecorder:
         self._opt_posts += 1
         if self.done:
             return
+        with _gc_paused():
+            self._params_and_state(opt)
+
+    def _params_and_state(self, opt: torch.optim.Optimizer) -> None:
+        """The step's parameters and optimizer state, then the end of the step."""
         t0 = time.perf_counter()
+        items: list[tuple[str, str, torch.Tensor]] = []
         with torch.no_grad():
             for g, group in enumerate(opt.param_groups):
                 for i, p in enumerate(group["params"]):
-                    self._add("param", self._param_name(p, g, i), p)
+                    items.append(("param", self._param_name(p, g, i), p))
             for g, group in enumerate(opt.param_groups if not self._sentinel else ()):  # sentinel: no optimizer state
                 for i, p in enumerate(group["params"]):
                     state = opt.state.get(p)
@@ -1307,7 +1376,8 @@ class TorchRecorder:
                     name = self._param_name(p, g, i)
                     for key, value in state.items():
                         if isinstance(value, torch.Tensor):
-                            self._add("optim_state", f"{name}/{key}", value)
+                            items.append(("optim_state", f"{name}/{key}", value))
+            self._add_many(items)  # together: a constant number of device ops (batched_torch)
         self._scalars["lr"] = [_float(group.get("lr")) for group in opt.param_groups]
         self._record_s += time.perf_counter() - t0
         self._end_step(opt)
@@ -1528,6 +1598,25 @@ class TorchRecorder:
 
 _EVAL_OUTPUTS = 16
 """Root outputs of one evaluation run whose fingerprints go into its summary."""
+@contextlib.contextmanager
+def _gc_paused() -> Any:
+    """Python's cyclic GC held off while the recorder handles a step's many tensors.
+
+    Each record allocates a few small objects; with the collector on, those allocations set
+    off collections that walk every live object (the user's model, torch's modules) several
+    times a step: measured 2-3x the recorder's own Python time per tensor. Paused, the
+    allocations are counted all the same and the next collection runs once, after the
+    hook. Nothing is kept alive longer than that: the recorder's objects are not cyclic."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 _IDLE_BACKWARDS = 200
 """backward() calls with no optimizer and no parameter update after which a run is no_steps."""
 

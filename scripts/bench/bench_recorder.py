@@ -1,7 +1,8 @@
 """Step time of the PyTorch recorder vs plain training, with detect_anomaly as the peer.
 
-    python scripts/bench/bench_recorder.py [--rounds 5] [--steps 6] [--quick] [--json]
+    python scripts/bench/bench_recorder.py [--rounds 5] [--steps 6] [--quick] [--json] [--device cuda]
     python scripts/bench/bench_recorder.py --cost [--rounds 7]
+    python scripts/bench/bench_recorder.py --throughput [--device cuda]
 
 In one process, after warm-up, on the example MLP (4 x 1024, batch 256) and transformer
 (4 layers, d 256, seq 128): each round runs ``--steps`` training steps in each mode,
@@ -21,7 +22,22 @@ Modes:
   compiler gets; ``reprobisect.native``);
 - ``no_optim_state``: an experiment, not a policy the recorder offers: ``record`` without
   the optimizer-state records (what a lighter default policy would cost);
+- ``record_batched`` (CPU only): ``record`` with the batched fingerprint path forced
+  (``runners.batched_torch``: what an accelerator runs), to time it here;
+- ``sentinel``: the recorder at ``--detail sentinel`` (issue 12), only when this checkout
+  has that level (``_sentinel_policy``); the JSON says null otherwise;
 - ``anomaly``: the same step under ``torch.autograd.detect_anomaly()``.
+
+The memory floor (issue 12, item 5): the bytes one recorded step's records must read (every
+distinct tensor fingerprinted: batch, inputs, activations, loss, grads, params, optimizer
+state), divided by the bandwidth of a copy of that many bytes measured in the same run
+(``memcpy``: host memory on CPU, device-to-device on a GPU). ``floor`` is ``record``'s added
+time over that floor; ``excess_us_per_tensor`` is what the added time exceeds the floor by,
+per recorded tensor (the Python and dispatch cost); the issue's bound is
+``1.5 x floor + 15 us x tensors``.
+
+``--json`` prints one object: per model ``full`` (record / plain), ``sentinel`` (or null),
+``detect_anomaly`` (anomaly / plain) and ``floor``, with the figures behind them.
 
 Targets (issue 3): record <= 1.10x plain on the transformer, <= 1.25x on the MLP.
 
@@ -52,6 +68,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import mlp as mlp_example  # noqa: E402
 import transformer as tf_example  # noqa: E402
 
+from reprobisect.runners import batched_torch  # noqa: E402
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
 from reprobisect.trace.writer import TraceWriter  # noqa: E402
 
@@ -116,6 +133,45 @@ def snapshot(stateful: list):
     return reset
 
 
+def _sentinel_policy() -> RecordPolicy | None:
+    """The hook for ``--detail sentinel``: its policy when this checkout's recorder has the
+    level (a ``detail`` field on ``RecordPolicy``), else None and the mode is skipped."""
+    try:
+        return RecordPolicy(steps=10**9, detail="sentinel")  # type: ignore[call-arg]
+    except TypeError:
+        return None
+
+
+def _copy_seconds(nbytes: int, repeats: int = 7) -> float:
+    """Median time of one copy of ``nbytes`` on the benchmark's device (memcpy on CPU,
+    device-to-device on a GPU)."""
+    n = max(1, nbytes // 4)
+    src = torch.randn(n, device=DEVICE)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _record_bytes(rec: TorchRecorder) -> tuple[int, int]:
+    """(bytes, tensors) the current step's records read: every distinct pending once."""
+    seen: dict[int, int] = {}
+    for e in rec._entries:
+        for q in [e.pending, *(e.inputs or ())]:
+            if q is not None:
+                seen[id(q)] = q.nbytes
+    for q in rec._pre_clip:
+        if not isinstance(q, torch.Tensor):
+            seen[id(q)] = q.nbytes
+    return sum(seen.values()), len(seen)
+
+
 def run_steps(step, data, n: int, cpu: list[float] | None = None) -> list[float]:
     times = []
     for _ in range(n):
@@ -143,20 +199,28 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
     kernel = native.kernel
     times: dict[str, list[float]] = {"plain": [], "record": [], "fp_only": [], "record_ops": [],
                                      "no_optim_state": [], "anomaly": []}
-    orig_add = TorchRecorder._add
+    if DEVICE == "cpu":
+        times["record_batched"] = []
+    sentinel = _sentinel_policy()
+    if sentinel is not None:
+        times["sentinel"] = []
+    orig_add_many = TorchRecorder._add_many
 
-    def add_no_state(self, kind, base, t, **kw):  # the experiment: optimizer state not recorded
-        return None if kind == "optim_state" else orig_add(self, kind, base, t, **kw)
+    def add_no_state(self, items):  # the experiment: optimizer state not recorded
+        return orig_add_many(self, [it for it in items if it[0] != "optim_state"])
     cpu: dict[str, list[float]] = {m: [] for m in times}
+    floor_info = _measure_records(step, batches, reset, tmp / f"{name}-measure")
     modes = list(times)
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate: no mode always first
             reset()
-            if mode in ("record", "fp_only", "record_ops", "no_optim_state"):
+            if mode in ("record", "fp_only", "record_ops", "no_optim_state", "record_batched", "sentinel"):
                 native.kernel = kernel if mode != "record_ops" else (lambda: None)
-                TorchRecorder._add = add_no_state if mode == "no_optim_state" else orig_add
+                TorchRecorder._add_many = add_no_state if mode == "no_optim_state" else orig_add_many
+                batched_torch.force(True if mode == "record_batched" else None)
                 writer = TraceWriter(tmp / f"{name}-{mode}-{r}", command=["bench"], policy={})
-                rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=mode != "fp_only")).install()
+                policy = sentinel if mode == "sentinel" else RecordPolicy(steps=10**9, stats=mode != "fp_only")
+                rec = TorchRecorder(writer, policy).install()
                 run_steps(step, iter(batches), 1)  # the recorder's first step learns names and hooks
                 try:
                     times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
@@ -164,7 +228,8 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
                     rec.remove()
                     writer.close()
                     native.kernel = kernel
-                    TorchRecorder._add = orig_add
+                    TorchRecorder._add_many = orig_add_many
+                    batched_torch.force(None)
             elif mode == "anomaly":
                 run_steps(step, iter(batches), 1)
                 with torch.autograd.detect_anomaly(check_nan=True):
@@ -174,7 +239,22 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
                 times[mode] += run_steps(step, iter(batches[1:]), steps, cpu[mode])
     med = {m: statistics.median(v) for m, v in times.items()}
     cmed = {m: statistics.median(v) for m, v in cpu.items()}
+    nbytes, tensors = floor_info.get("bytes", 0), floor_info.get("tensors", 0)
+    copy_s = _copy_seconds(nbytes)
+    floor_s = copy_s  # reading the records' bytes once, at the speed of a copy of as many bytes
+    added = med["record"] - med["plain"]
     return {
+        "full": round(med["record"] / med["plain"], 3),
+        "sentinel": round(med["sentinel"] / med["plain"], 3) if "sentinel" in med else None,
+        "detect_anomaly": round(med["anomaly"] / med["plain"], 3),
+        "floor": round(added / floor_s, 3) if floor_s > 0 else None,
+        "floor_s": round(floor_s, 6),
+        "added_s": round(added, 6),
+        "record_bytes": nbytes,
+        "record_tensors": tensors,
+        "memcpy_gbps": round(nbytes / copy_s / 1e9, 2) if copy_s > 0 else None,
+        "excess_us_per_tensor": round((added - floor_s) / tensors * 1e6, 2) if tensors else None,
+        "meets_floor_bound": added <= 1.5 * floor_s + 15e-6 * tensors,
         "cpu_ratio": {m: round(v / cmed["plain"], 3) for m, v in cmed.items()},
         "model": name,
         "median_step_s": {m: round(v, 5) for m, v in med.items()},
@@ -183,6 +263,61 @@ def bench(name: str, rounds: int, steps: int, quick: bool, tmp: Path) -> dict:
         "meets_target": med["record"] / med["plain"] <= TARGETS[name],
         "samples_per_mode": len(times["plain"]),
     }
+
+
+def _measure_records(step, batches, reset, path: Path) -> dict[str, int]:
+    """The bytes and tensors of one recorded step's records (the second: no ``init``)."""
+    reset()
+    into: dict[str, int] = {}
+    writer = TraceWriter(path, command=["bench"], policy={})
+    rec = TorchRecorder(writer, RecordPolicy(steps=10**9)).install()
+    end_step = rec._end_step
+
+    def end(opt):
+        if rec.step == 1:
+            into["bytes"], into["tensors"] = _record_bytes(rec)
+        end_step(opt)
+
+    rec._end_step = end  # type: ignore[method-assign]
+    try:
+        run_steps(step, iter(batches), 2)
+    finally:
+        rec.remove()
+        writer.close()
+    return into
+
+
+def throughput(sizes_mib: list[int], repeats: int = 5) -> list[dict]:
+    """Fingerprint (+ stats) throughput of one large float32 tensor, per path, as a fraction
+    of a same-run copy of the same bytes on the device (1.0: as fast as the copy)."""
+    from reprobisect.runners import fingerprint_torch as fpt
+
+    out = []
+    for mib in sizes_mib:
+        t = torch.randn(mib << 18, device=DEVICE)
+        copy_s = _copy_seconds(t.numel() * 4, repeats)
+        row: dict = {"mib": mib, "copy_s": round(copy_s, 6)}
+        paths = {"per_tensor": lambda s: fpt.finish_many([(fpt.begin(t, with_stats=s), t)]),
+                 "batched": lambda s: fpt.finish_many([(p, t) for p in batched_torch.begin_many([t], with_stats=s)])}
+        batched_torch.force(True)
+        try:
+            for path, fn in paths.items():
+                for stats in (False, True):
+                    fn(stats)  # warm-up: weights, layouts
+                    times = []
+                    for _ in range(repeats):
+                        _sync()
+                        t0 = time.perf_counter()
+                        fn(stats)
+                        _sync()
+                        times.append(time.perf_counter() - t0)
+                    key = path + ("_stats" if stats else "")
+                    row[key] = round(copy_s / statistics.median(times), 3)
+        finally:
+            batched_torch.force(None)
+        out.append(row)
+        del t
+    return out
 
 
 def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
@@ -244,9 +379,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:n]: where the models train")
     p.add_argument("--cost", action="store_true", help="time only the fingerprint/stats work of one step's tensors, by path")
+    p.add_argument("--throughput", action="store_true",
+                   help="fingerprint throughput of large tensors as a fraction of a same-run copy of the same bytes")
+    p.add_argument("--sizes-mib", default=None, help="tensor sizes for --throughput (default 64,256 on a GPU, 16,64 on CPU)")
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = args.device
+    if args.throughput:
+        sizes = args.sizes_mib or ("16,64" if DEVICE == "cpu" else "64,256")
+        res = throughput([int(s) for s in sizes.split(",")])
+        print(json.dumps({"device": DEVICE, "threads": torch.get_num_threads(), "fraction_of_copy": res}, indent=1))
+        return 0
     if args.cost:
         with tempfile.TemporaryDirectory() as tmp:
             res = [cost(n, max(args.rounds, 5), args.quick, Path(tmp)) for n in args.models.split(",")]
@@ -267,7 +410,9 @@ def main(argv=None) -> int:
         for name in args.models.split(","):
             results.append(bench(name, args.rounds, args.steps, args.quick, Path(tmp)))
     if args.json:
-        print(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=1))
+        out = {"device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        out.update({r["model"]: r for r in results})
+        print(json.dumps(out, indent=1))
         return 0
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads; medians of {results[0]['samples_per_mode']} steps per mode")
     print(f"{'model':<12}{'plain ms':>10}{'record ms':>11}{'fp-only ms':>12}{'anomaly ms':>12}"
@@ -282,6 +427,12 @@ def main(argv=None) -> int:
         c = r["cpu_ratio"]
         print(f"{'':<12}{'(process CPU time ratios)':>45}{c['record']:>10.3f}{c['fp_only']:>11.3f}{c['record_ops']:>11.3f}"
               f"{c['no_optim_state']:>11.3f}{c['anomaly']:>11.3f}")
+        extra = f"; record_batched {x['record_batched']:.3f}x" if "record_batched" in x else ""
+        extra += f"; sentinel {x['sentinel']:.3f}x" if "sentinel" in x else "; sentinel: no such level here"
+        print(f"{'':<12}floor: {r['record_tensors']} tensors, {r['record_bytes'] / 1e6:.1f} MB read, "
+              f"copy {r['memcpy_gbps']} GB/s -> floor {r['floor_s'] * 1e3:.2f} ms; record adds {r['added_s'] * 1e3:.2f} ms = "
+              f"{r['floor']}x floor, {r['excess_us_per_tensor']} us/tensor over it; bound "
+              f"{'met' if r['meets_floor_bound'] else 'MISSED'}{extra}")
     return 0
 
 
