@@ -169,7 +169,9 @@ def test_names_the_first_bad_commit_and_where_it_diverges(history, tmp_path):
     assert ex.probes_of(commits[5]) == 2 and ex.probes_of(commits[4]) == 2 and not ex.closed
     # a second session is served from the cache: only the re-check runs again
     r2, ex2 = _run(history, tmp_path, _bad_from(5, bad="bad@1"))
-    assert r2.first_bad == r.first_bad and r2.cached >= 2 + r.probes
+    # (how many search probes ran depends on which of two parallel probes answered first:
+    # the second search may take another path, but every verdict it needs is cached)
+    assert r2.first_bad == r.first_bad and r2.cached > 2
     assert sorted({c for c, _ in ex2.calls}) == sorted({commits[4], commits[5]})
 
 

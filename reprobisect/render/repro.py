@@ -62,12 +62,24 @@ def render_repro(result: Any) -> str:
         i, comp = first
         lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result.tolerance)})")
         lines.append(render_comparison(comp))
+        lines += _escalation_lines(getattr(result, "escalation", None))
         if result.flakiness:
             lines.append(f"note: {result.flakiness}")
         # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
     return "\n".join(lines)
+
+
+def _escalation_lines(esc: Any) -> list[str]:
+    """The full-detail answer behind a sentinel divergence, or why there is none."""
+    if esc is None:
+        return []
+    if esc.comparison is None:
+        return [esc.reason]
+    if bool(esc.comparison):
+        return [f"{esc.reason}: the replays agree (the sentinel difference did not reproduce with full detail)"]
+    return [f"{esc.reason}:", render_comparison(esc.comparison)]
 
 
 def _environment_lines(result: Any) -> list[str]:
@@ -111,4 +123,5 @@ def repro_json(result: Any) -> dict[str, Any]:
         "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in result.comparisons],
         "places": list(result.places),
         "flakiness": result.flakiness or None,
+        **({"escalation": result.escalation.to_json()} if getattr(result, "escalation", None) is not None else {}),
     }

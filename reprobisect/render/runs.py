@@ -20,6 +20,7 @@ __all__ = [
     "divergence_place",
     "place_text",
     "divergence_text",
+    "escalation_text",
     "verdict_reason",
     "probe_line",
     "output_lines",
@@ -198,3 +199,12 @@ def _verdict_lines(r: Any) -> list[str]:
             for c in r.candidates
         ]
     return [f"no first {new} commit found"]
+
+
+def escalation_text(esc: Any) -> str:
+    """The full-detail answer behind a sentinel divergence (``workflows.escalate``), or why none."""
+    if esc.comparison is None:
+        return esc.reason
+    if bool(esc.comparison):
+        return f"{esc.reason}: the replays agree (the sentinel difference did not reproduce with full detail)"
+    return f"{esc.reason}:\n{divergence_text(esc.comparison)}"

@@ -79,13 +79,16 @@ def replay_info(trace: Trace) -> dict[str, Any] | None:
     return dict(info) if isinstance(info, dict) else None
 
 
-def verify_replay(replayed: Trace, original: Trace) -> tuple[str | None, int]:
-    """(The first disagreement between the steps both traces hold, or None; steps checked)."""
+def verify_replay(replayed: Trace, original: Trace, before: int | None = None) -> tuple[str | None, int]:
+    """(The first disagreement between the steps both traces hold, or None; steps checked).
+
+    ``before``: check only the steps before it (a divergence between runs of one commit at
+    step ``before`` is nondeterminism, which a replay of that step need not reproduce)."""
     by_step = {s.step: s for s in original.steps}
     checked = 0
     for s in replayed.steps:
         o = by_step.get(s.step)
-        if o is None:
+        if o is None or (before is not None and s.step >= before):
             continue
         checked += 1
         if s.batch_ids is not None and o.batch_ids is not None and list(s.batch_ids) != list(o.batch_ids):

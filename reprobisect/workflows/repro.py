@@ -27,6 +27,7 @@ from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
 from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.render.runs import divergence_place
+from reprobisect.workflows.escalate import Escalation, escalate
 from reprobisect.support.progress import progress
 from reprobisect.trace.reader import read_trace
 
@@ -133,6 +134,9 @@ class ReproResult:
     """PYTHONHASHSEED given to each run (None: left as the user's environment has it)."""
     environment_set: dict[str, Any] = field(default_factory=dict)
     """What run 0's environment record says about determinism-relevant settings."""
+    escalation: Escalation | None = None
+    """With ``--detail sentinel``: the full chain at the first difference, from replays
+    (``reprobisect.workflows.escalate``); None when the runs agree or recorded full detail."""
 
     def __bool__(self) -> bool:
         return all(bool(c) for c in self.comparisons)
@@ -228,4 +232,7 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
             raise _failed(results, "cannot judge determinism")
         comps = tuple(compare_results(results[0], r, tol) for r in results[1:])
         env_set = _env_settings(results[0].trace_dir)
-    return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds), environment_set=env_set)
+        first = next((i for i, c in enumerate(comps) if not c), None)
+        esc = escalate(comps[first], results[0], results[first + 1], ex, tol) if first is not None else None
+    return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds),
+                       environment_set=env_set, escalation=esc)

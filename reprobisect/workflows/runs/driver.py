@@ -24,12 +24,15 @@ from reprobisect.core.session import ResultCache, SessionEvent, SessionLog, cach
 from reprobisect.errors import ProbeError, ReproError, UsageError
 from reprobisect.executors import executor_for
 from reprobisect.executors.base import Executor
-from reprobisect.render.runs import divergence_text, named, output_lines, place_text, probe_line, short
+from reprobisect.core.outcome import Outcome
+from reprobisect.core.probe import ProbeResult
+from reprobisect.render.runs import divergence_text, escalation_text, named, output_lines, place_text, probe_line, short
 from reprobisect.support.progress import Progress
 from reprobisect.vcs import git as _g
 from reprobisect.workflows.runs.prober import Judged, Prober
 from reprobisect.workflows.runs.result import DEFAULT_TERMS, CommitSummary, RunsConfig, RunsResult
 from reprobisect.workflows.runs.resume import load_for_resume, session_path, unfinished
+from reprobisect.workflows.escalate import escalate
 
 __all__ = ["RunsSession", "find_first_bad"]
 
@@ -331,7 +334,9 @@ class RunsSession:
         div, div_text, last_good = None, "", found.last_good
         if found.first_bad is not None:
             last_good = self._parent(found.first_bad)
-            div, div_text = self._divergence(self._parent_trace(last_good), self.traces.get(found.first_bad))
+            good_trace, bad_trace = self._parent_trace(last_good), self.traces.get(found.first_bad)
+            div, div_text = self._divergence(good_trace, bad_trace)
+            div, div_text = self._escalated(div, div_text, (last_good, good_trace), (found.first_bad, bad_trace))
             if recheck == "agreed" and self.cfg.check == "match":
                 # the culprit against its parent must diverge where it diverged against --good
                 recheck = _moved(found.first_bad, [("the re-check against --good", self.places.get(found.first_bad)),
@@ -363,6 +368,23 @@ class RunsSession:
             range_bad=self.bad,
             replayed=self.replayed,
         )
+
+    def _escalated(self, div: dict[str, Any] | None, text: str, good: tuple[str, str | None],
+                   bad: tuple[str, str | None]) -> tuple[dict[str, Any] | None, str]:
+        """With ``--detail sentinel``: the full chain at the step the culprit's sentinels first
+        differ from its parent's, from replays of both (``reprobisect.workflows.escalate``)."""
+        if not div or not div.get("first", {}).get("sentinel") or good[1] is None or bad[1] is None:
+            return div, text
+        self.progress.update(f"replaying {short(good[0])} and {short(bad[0])} with full detail at step {div['first']['step']}")
+        try:
+            comp = compare_results(good[1], bad[1], self.tolerance)
+            sides = [ProbeResult(spec=self.prober.spec_for(c), outcome=Outcome("ok"), trace_dir=t) for c, t in (good, bad)]
+            esc = escalate(comp, sides[0], sides[1], self.prober.executor, self.tolerance)
+        except ReproError as e:
+            return div, f"{text}\nfull detail at step {div['first']['step']} is inconclusive: {e}"
+        if esc is None:
+            return div, text
+        return {**div, "escalation": esc.to_json()}, f"{text}\n{escalation_text(esc)}"
 
     def _parent_trace(self, parent: str) -> str | None:
         """The trace of the culprit's parent: known, cached, or (never probed: a merge

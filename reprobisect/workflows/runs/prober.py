@@ -178,6 +178,10 @@ class Prober:
         with self._lock:
             self.runs += 1
 
+    def spec_for(self, commit: str) -> ProbeSpec:
+        """A new probe of ``commit`` as this search runs them (the escalation replays it)."""
+        return self._spec(commit)
+
     def _spec(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeSpec:
         with self._lock:
             self._counter += 1
