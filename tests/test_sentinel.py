@@ -372,4 +372,10 @@ def test_runs_with_sentinel_names_the_culprit_and_its_sentinel(tmp_path):
     assert first["sentinel"] == "loss" and first["step"] == 0  # the model changed: step 0's loss is the first sentinel
     assert "sentinel loss" in str(r)
     kept = [read_trace(p.parent) for p in (tmp_path / "out").rglob("manifest.json")]
-    assert kept and all(t.detail == "sentinel" for t in kept)
+    probes = [t for t in kept if "-full" not in t.path.name]
+    assert probes and all(t.detail == "sentinel" for t in probes)
+    # the escalation re-ran both sides' step 0 with full detail (no state before it) and kept them
+    replays = [t for t in kept if "-full0-" in t.path.name]
+    assert len(replays) == 2 and all(t.detail == "full" for t in replays)
+    esc = r.divergence["escalation"]
+    assert esc["conclusive"] and esc["step"] == 0 and esc["from_step"] == 0, esc
