@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def _make_runner():
                 w.record(record_array("w", "param", a), a if step in spec.full_steps else None)
                 w.end_step({"loss": value})
         info = {"pid": _os.getpid(), "cuda": _os.environ.get("CUDA_VISIBLE_DEVICES"), "side": _os.environ.get("RB_SIDE"), "t0": t0, "t1": _time.time(),
-                "probe_env": {k: v for k, v in spec.env.items() if k.startswith("REPROBISECT_PROBE_")}}
+                "probe_env": {k: v for k, v in spec.env.items() if k.startswith("REPROBISECT_PROBE_")},
+                "command_env": {k: spec.env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "PET_MASTER_PORT")}}
         return ProbeResult(spec=spec, outcome=Outcome("ok"), trace_dir=str(trace_dir), stdout_tail=_json.dumps(info))
 
     return runner
@@ -601,3 +603,95 @@ def test_bisect_capture_and_compare_zoom_take_executor_ray_from_the_command_line
     assert read_trace(a).manifest.outcome["status"] == read_trace(b).manifest.outcome["status"] == "ok"
     assert out["first"]["module"] == "Scaled", out["first"]
     assert out["zoom"]["verdict"] == "origin" and "mul" in json.dumps(out["zoom"]), out["zoom"]  # the op that differs
+
+
+# --------------------------------------------------------------------------- multi-GPU probes
+# Kept last in the module: ``gpu_nodes`` adds two 2-GPU nodes to the module's cluster, which
+# would change the shape the tests above count on.
+
+_SHOW_ENV = textwrap.dedent(
+    """
+    import json, os, sys
+    keys = ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "PET_MASTER_PORT", "REPROBISECT_PROBE_NODE")
+    with open(os.path.join(os.environ["RB_SEEN"], os.environ["RB_NAME"] + ".json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in keys}, f)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(cluster):
+    """Two more nodes with two logical GPUs (and two CPUs) each, for the rest of the module."""
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield nodes
+    for n in nodes:
+        cluster.remove_node(n)
+
+
+def test_multi_gpu_probes_see_exactly_their_gpus_on_one_node_and_spread_pairs_land_apart(cluster, gpu_nodes, tmp_path):
+    """--gpus-per-probe 2 with --placement spread: each side's real command sees exactly the
+    two GPUs Ray gave it, both of one node, and a rendezvous port of its own; the sides run
+    on two different nodes."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "show_env.py").write_text(_SHOW_ENV)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    specs = [ProbeSpec(key=f"side-{n}", argv=(sys.executable, "show_env.py"), workdir=str(work), timeout=120,
+                       env={"RB_SEEN": str(seen), "RB_NAME": n}) for n in "ab"]
+    with RayExecutor(gpus_per_probe=2, placement_timeout=60) as ex:
+        results = [f.result(timeout=180) for f in ex.submit_pair(*specs, placement="spread")]
+        for r in results:  # what ray.json next to the local trace says (before close removes the folder)
+            assert json.loads((Path(r.trace_dir) / "ray.json").read_text())["rendezvous"] == r.rendezvous, r.outcome
+    two = {n.node_id for n in gpu_nodes}
+    for name, r in zip("ab", results):
+        env = json.loads((seen / f"{name}.json").read_text())  # what the command itself saw
+        assert r.node_id in two and env["REPROBISECT_PROBE_NODE"] == r.node_id, r.outcome
+        assert sorted(r.gpu_ids) == ["0", "1"]  # both GPUs of that one node
+        assert env["CUDA_VISIBLE_DEVICES"].split(",") == list(r.gpu_ids)
+        assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == r.rendezvous["MASTER_PORT"]
+        assert r.placement == "spread"
+    assert results[0].node_id != results[1].node_id
+
+
+def test_two_probes_on_one_node_get_their_own_gpus_and_ports_and_a_user_port_is_kept(cluster, gpu_nodes, tmp_path):
+    """--placement pack, one GPU each: both sides on one node at once, disjoint devices,
+    different rendezvous ports; a MASTER_PORT the user set reaches the command unchanged."""
+    work = _folder(tmp_path, "w", mode="sleep 1")
+    with RayExecutor(runner=RUNNER, gpus_per_probe=1, placement_timeout=60) as ex:
+        ra, rb = (f.result(timeout=120) for f in ex.submit_pair(_spec("pa", workdir=work), _spec("pb", workdir=work), placement="pack"))
+        mine = ex.submit(_spec("mine", workdir=work, env={"MASTER_PORT": "23456"})).result(timeout=120)
+    assert ra.outcome.status == rb.outcome.status == "ok"
+    assert ra.node_id == rb.node_id and ra.node_id in {n.node_id for n in gpu_nodes}
+    a, b = _info(ra), _info(rb)
+    assert a["t0"] < b["t1"] and b["t0"] < a["t1"]  # they ran at the same time
+    assert {a["command_env"]["CUDA_VISIBLE_DEVICES"], b["command_env"]["CUDA_VISIBLE_DEVICES"]} == {"0", "1"}
+    assert a["command_env"]["MASTER_PORT"] != b["command_env"]["MASTER_PORT"]
+    assert _info(mine)["command_env"]["MASTER_PORT"] == "23456" and mine.rendezvous == {"PET_MASTER_PORT": _info(mine)["command_env"]["PET_MASTER_PORT"]}
+
+
+def test_gpus_per_probe_that_no_node_holds_or_bad_values_are_one_line_errors(cluster, gpu_nodes, tmp_path, capsys):
+    """From the command line: more GPUs than any node has, a negative or a fractional count
+    above one, are one line on stderr and a nonzero exit, before anything is queued."""
+    from reprobisect.cli import main
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "train.py").write_text("print('never run')\n")
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        # (click shows its usage lines above a bad flag value's one error line)
+        for n, expect in (("3", r"no node of the Ray cluster can run a probe that needs 1 CPU, 3 GPU \(the largest node has 2 CPU, 2 GPU\)"),
+                          ("-1", r"--gpus-per-probe.*must be >= 0 \(got -1\)"),
+                          ("1.5", r"--gpus-per-probe must be a whole number above 1 \(got 1.5\)")):
+            t0 = time.monotonic()
+            rc = main(["repro", "--executor", "ray", "--address", cluster.address, "--gpus-per-probe", n, "--",
+                       sys.executable, "train.py"])
+            err = capsys.readouterr().err.strip()
+            assert rc == 2 and time.monotonic() - t0 < 30
+            assert re.search(expect, err.splitlines()[-1]), err
+            assert "Traceback" not in err and (n == "-1" or len(err.splitlines()) == 1), err
+    finally:
+        os.chdir(old)

@@ -18,9 +18,19 @@ How a probe travels:
   not, the probe is ``skip`` with a message saying so. The links are unlinked before the
   tree is removed.
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
-  probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe and
-  sets ``CUDA_VISIBLE_DEVICES`` for it, so CUDA state never leaks between probes. The
-  worker runs ``reprobisect.executors.process.run_in_dir`` exactly as the local executor does.
+  probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe, so
+  CUDA state never leaks between probes. The worker runs
+  ``reprobisect.executors.process.run_in_dir`` exactly as the local executor does.
+* **Multi-GPU probes.** ``gpus_per_probe=N`` (``--gpus-per-probe N``) is one resource request
+  of N GPUs: Ray places a task on exactly one node, so all N GPUs of a probe are on one node
+  (a pair's side is one placement-group bundle ``{"CPU": c, "GPU": N}``, the same thing).
+  The probe's command gets ``CUDA_VISIBLE_DEVICES`` set to exactly the GPU ids Ray gave the
+  task (``ray.get_gpu_ids()``, read inside the task), replacing any value the probe's env
+  carried, and a free rendezvous port chosen on that node (``reprobisect.executors.ports``:
+  ``MASTER_PORT``, torchrun's ``PET_MASTER_PORT``, each only when the user did not set it),
+  so ``torchrun --nproc_per_node N`` inside a probe uses those N devices and two probes on
+  one node never meet on port 29500. N above 1 must be whole (Ray's rule); a request no
+  node can hold is refused when the executor starts (``_check_feasible``), never queued.
 * **Traces stay on the worker's disk.** The task returns the manifest and ``steps.jsonl``
   (small: fingerprints and stats) plus every other file up to ``eager_bytes`` in total.
   The controller writes them to ``out_dir/<key>-a<attempt>`` (the same name the local
@@ -77,6 +87,7 @@ from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
 from reprobisect.core.probe import ProbeResult, ProbeSpec, trace_path
 from reprobisect.core.probe import trace_dir_name as _trace_dir_name
 from reprobisect.executors.flags import ExecutorFlag
+from reprobisect.executors.ports import rendezvous_vars
 from reprobisect.executors.process import KILL_GRACE_S, run_in_dir
 from reprobisect.support.interrupt import make_temp_dir
 from reprobisect.trace.format import FORMAT, VERSION, Manifest, Step, shard_name
@@ -97,7 +108,8 @@ class RayConfig:
     address: str | None = None
     """Ray cluster address (None: start a local instance; 'auto'; 'ray://HOST:PORT')."""
     gpus_per_probe: float = 0.0
-    """GPUs each probe requests from Ray."""
+    """GPUs each probe requests from Ray, all on one node (a whole number above 1); the
+    probe's command sees exactly those (``CUDA_VISIBLE_DEVICES``)."""
     cpus_per_probe: float = 1.0
     """CPUs each probe requests from Ray."""
     placement: str | None = None
@@ -107,6 +119,7 @@ class RayConfig:
     def __post_init__(self) -> None:
         check_number("--gpus-per-probe", self.gpus_per_probe, minimum=0)
         check_number("--cpus-per-probe", self.cpus_per_probe, minimum=0)
+        _check_whole_gpus(self.gpus_per_probe)
         if self.placement is not None and self.placement not in PLACEMENTS:
             raise UsageError(f"unknown placement '{self.placement}'; use --placement pack or --placement spread")
 
@@ -125,13 +138,22 @@ class RayConfig:
 
 RAY_FLAGS = (
     ExecutorFlag("address", "--address", "str", "Ray cluster address (--executor ray).", keys=("ray_address",)),
-    ExecutorFlag("gpus_per_probe", "--gpus-per-probe", "number", "GPUs per probe (--executor ray)."),
+    ExecutorFlag("gpus_per_probe", "--gpus-per-probe", "number",
+                 "GPUs per probe, all on one node; the command sees exactly those (CUDA_VISIBLE_DEVICES) and "
+                 "gets its own rendezvous port (--executor ray)."),
     ExecutorFlag("cpus_per_probe", "--cpus-per-probe", "number", "CPUs per probe (--executor ray)."),
     ExecutorFlag("placement", "--placement", "choice",
                  "Paired probes on Ray: one node (pack) or two (spread) [default: pack].", choices=tuple(PLACEMENTS)),
 )
 """The flags (and config-file keys) that fill a ``RayConfig``; registered in ``reprobisect.executors``."""
 _POLL_S = 0.1
+
+
+def _check_whole_gpus(gpus: float) -> None:
+    """Ray gives a task a fraction of one GPU or whole GPUs, nothing in between."""
+    if gpus > 1 and not float(gpus).is_integer():
+        raise UsageError(f"--gpus-per-probe must be a whole number above 1 (got {gpus:g}); "
+                         "Ray shares one GPU between probes (e.g. 0.5) or gives whole GPUs")
 
 
 def _require_ray():
@@ -153,6 +175,8 @@ class RayProbeResult(ProbeResult):
     """``cpu``, or the node's accelerator type (``accelerator_type:*`` resource), else ``GPU``."""
     gpu_ids: tuple[str, ...] = ()
     """The GPUs Ray gave the probe (what ``CUDA_VISIBLE_DEVICES`` held)."""
+    rendezvous: dict[str, str] = field(default_factory=dict)
+    """The rendezvous port variables the probe's command was given on its node (``ports``)."""
     placement: str | None = None
     """``pack`` / ``spread`` for a pair, None for a single probe."""
     remote_trace_dir: str | None = None
@@ -168,6 +192,7 @@ class RayProbeResult(ProbeResult):
             "host": self.host,
             "device_type": self.device_type,
             "gpu_ids": list(self.gpu_ids),
+            "rendezvous": dict(self.rendezvous),
             "placement": self.placement,
             "remote_trace_dir": self.remote_trace_dir,
             "remote_files": dict(self.remote_files),
@@ -251,8 +276,18 @@ def _worker_root(session: str) -> Path:
 def _device_info() -> tuple[tuple[str, ...], str]:
     import ray
 
-    ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    ids = ray.get_gpu_ids()
     return tuple(str(i) for i in ids), ("GPU" if ids else "cpu")
+
+
+def _node_env(spec: ProbeSpec, gpu_ids: tuple[str, ...]) -> dict[str, str]:
+    """What the probe's command gets on this node on top of ``spec.env``: exactly the GPUs Ray
+    gave this task, and a rendezvous port free here (only the port variables the user left unset)."""
+    env: dict[str, str] = {}
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    env.update(rendezvous_vars({**os.environ, **spec.env}))
+    return env
 
 
 def _probe_task(
@@ -268,8 +303,10 @@ def _probe_task(
 
     ctx = ray.get_runtime_context()
     gpu_ids, device = _device_info()
+    node_env = _node_env(spec, gpu_ids)
     # where it ran reaches the trace's environment record (group "probe"); the result keeps `spec`
-    run_spec = replace(spec, env={**spec.env, "REPROBISECT_PROBE_NODE": ctx.get_node_id(), "REPROBISECT_PROBE_DEVICE": device})
+    run_spec = replace(spec, env={**spec.env, **node_env, "REPROBISECT_PROBE_NODE": ctx.get_node_id(),
+                                  "REPROBISECT_PROBE_DEVICE": device})
     root = _worker_root(session)
     root.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:10]
@@ -292,6 +329,7 @@ def _probe_task(
         "node_ip": ray.util.get_node_ip_address(),
         "host": socket.gethostname(),
         "gpu_ids": gpu_ids,
+        "rendezvous": {k: v for k, v in node_env.items() if k != "CUDA_VISIBLE_DEVICES"},
         "device": device,
         "remote_trace_dir": str(final),
         "files": files,
@@ -466,6 +504,7 @@ class RayExecutor:
             raise UsageError(f"unknown placement '{placement}'; use pack or spread")
         if gpus_per_probe < 0 or cpus_per_probe < 0:
             raise UsageError("--gpus-per-probe and --cpus-per-probe must be >= 0")
+        _check_whole_gpus(float(gpus_per_probe))
         ray = _require_ray()
         self.address = address
         self.gpus_per_probe = float(gpus_per_probe)
@@ -967,6 +1006,7 @@ class RayExecutor:
             node_ip=value["node_ip"],
             device_type=self._device_type(value["node_id"], value["device"]),
             gpu_ids=tuple(value["gpu_ids"]),
+            rendezvous=dict(value.get("rendezvous", {})),
             placement=run.job.placement,
             remote_trace_dir=value["remote_trace_dir"],
             remote_files=dict(value["remote"]),
