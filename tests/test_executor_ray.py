@@ -261,6 +261,48 @@ def test_traces_stay_remote_until_fetched(cluster, tmp_path):
         read_trace(ex.pull(res))  # every file local: the full validating reader accepts it
 
 
+def _make_ranks_runner():
+    """Writes a trace with one shard per rank (``ranks/rank-R/``, as a torchrun probe leaves it)."""
+
+    def runner(spec, workdir, trace_dir):
+        import json as _json
+
+        import numpy as np
+
+        from reprobisect.executors.base import ProbeResult
+        from reprobisect.core.outcome import Outcome
+        from reprobisect.trace import TraceWriter, record_array
+
+        for rank in range(2):
+            with TraceWriter(trace_dir / "ranks" / f"rank-{rank}", command=list(spec.argv)) as w:
+                for step in range(2):
+                    w.begin_step(step)
+                    a = np.full((4096,), float(rank + step), dtype=np.float32)
+                    w.record(record_array("w", "param", a), a)
+                    w.end_step({"loss": float(rank)})
+        (trace_dir / "manifest.json").write_text(_json.dumps({"world_size": 2, "ranks": [0, 1]}))
+        return ProbeResult(spec=spec, outcome=Outcome("ok"), trace_dir=str(trace_dir))
+
+    return runner
+
+
+def test_a_trace_with_one_shard_per_rank_comes_back_with_every_ranks_steps(cluster, tmp_path):
+    """No shared file system: each rank's manifest and steps come back with the result (even
+    with no byte budget), the tensor shards stay on the worker until pulled."""
+    work = _folder(tmp_path, "w")
+    with RayExecutor(runner=_make_ranks_runner(), eager_bytes=0, out_dir=tmp_path / "out") as ex:
+        res = ex.submit(_spec("ranked", workdir=work)).result(timeout=120)
+        assert res.outcome.status == "ok", res.outcome
+        local = Path(res.trace_dir)
+        assert res.remote_files and all(r.startswith("ranks/rank-") and "/tensors/" in r for r in res.remote_files)
+        for rank in range(2):
+            assert (local / f"ranks/rank-{rank}/manifest.json").is_file() and (local / f"ranks/rank-{rank}/steps.jsonl").is_file()
+        ex.pull(res)
+        trace = read_trace(local / "ranks" / "rank-1")  # every file local now: a complete, valid shard
+        rec = next(r for r in trace.step(1).records if r.name == "w")
+        assert float(trace.tensor(1, rec)[0]) == 2.0
+
+
 def _make_chatty_runner():
     """``RUNNER`` plus some output of the command (closure: Ray pickles it by value)."""
     inner = RUNNER

@@ -371,8 +371,9 @@ def _run_unpacked(spec: ProbeSpec, run_spec: ProbeSpec, kind: str, value: Any, w
 
 
 def _split_trace_files(final: Path, eager_bytes: int) -> tuple[dict[str, bytes], dict[str, int]]:
-    """The trace's files to send back now (manifest, steps, then the smallest up to
-    ``eager_bytes``) and the sizes of those that stay on this worker until fetched."""
+    """The trace's files to send back now (every manifest and steps file, a multi-rank trace's
+    ``ranks/rank-R/`` ones too, then the smallest up to ``eager_bytes``) and the sizes of those
+    that stay on this worker until fetched."""
     files: dict[str, bytes] = {}
     remote: dict[str, int] = {}
     if not (final / "manifest.json").is_file():
@@ -383,8 +384,9 @@ def _split_trace_files(final: Path, eager_bytes: int) -> tuple[dict[str, bytes],
             p = Path(dirpath) / n
             sizes[p.relative_to(final).as_posix()] = p.stat().st_size
     budget = eager_bytes
-    for rel in sorted(sizes, key=lambda r: (r not in ("manifest.json", "steps.jsonl"), sizes[r], r)):
-        if rel in ("manifest.json", "steps.jsonl") or sizes[rel] <= budget:
+    always = {r for r in sizes if r.rsplit("/", 1)[-1] in ("manifest.json", "steps.jsonl")}
+    for rel in sorted(sizes, key=lambda r: (r not in always, sizes[r], r)):
+        if rel in always or sizes[rel] <= budget:
             files[rel] = (final / rel).read_bytes()
             budget -= sizes[rel]
         else:
@@ -739,7 +741,8 @@ class RayExecutor:
 
         With every file local this is ``read_trace`` itself; otherwise the manifest and
         ``steps.jsonl`` are validated here (schema, SHA-256) and ``tensor()`` pulls the
-        step's shard from the worker the first time one of its tensors is needed.
+        step's shard from the worker the first time one of its tensors is needed. A trace
+        with one shard per rank (``ranks/``) is pulled whole first, then read as a local one.
         """
 
         if not result.trace_dir:
@@ -747,6 +750,9 @@ class RayExecutor:
         local = Path(result.trace_dir)
         remote = result.remote_files if isinstance(result, RayProbeResult) else {}
         missing = [r for r in remote if not (local / r).is_file()]
+        if missing and (local / "ranks").is_dir():  # one shard per rank: read it whole, like a local one
+            self.pull(result, missing)
+            missing = []
         if not missing:
             return read_trace(local, allow_incomplete=allow_incomplete)
         return _lazy_trace(local, allow_incomplete, lambda rel: self.pull(result, [rel]))
