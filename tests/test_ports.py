@@ -130,3 +130,44 @@ def test_two_torchrun_jobs_started_at_once_each_rendezvous_on_their_own_port(tmp
         assert {r["port"] for r in ranks} == {env["PET_MASTER_PORT"]}
         used.append(env["PET_MASTER_PORT"])
     assert used[0] != used[1]
+
+
+_SHOW_PORT = textwrap.dedent(
+    """
+    import json, os, time
+    with open(os.path.join(os.environ["RB_SEEN"], os.environ["RB_NAME"] + ".json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in ("MASTER_PORT", "PET_MASTER_PORT")}, f)
+    time.sleep(0.5)
+    """
+)
+
+
+def _run_in_dir_gives_ports() -> bool:
+    import inspect
+
+    from reprobisect.executors import process
+
+    return "rendezvous_env" in inspect.getsource(process.run_in_dir)
+
+
+@pytest.mark.skipif(not _run_in_dir_gives_ports(), reason="needs the issue-13 merge's rendezvous_env call in process.run_in_dir")
+def test_local_probes_running_at_once_get_their_own_ports_and_a_user_port_is_kept(tmp_path):
+    """``--jobs 2`` on this machine: each probe's command sees its own free port; a port set in
+    the probe's environment reaches its command unchanged."""
+    from reprobisect.executors import ProbeSpec, make_executor
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "show.py").write_text(_SHOW_PORT)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    envs = {"a": {}, "b": {}, "mine": {"MASTER_PORT": "23457"}}
+    with make_executor("local", jobs=2) as ex:
+        futs = [ex.submit(ProbeSpec(key=k, argv=(sys.executable, "show.py"), workdir=str(work), timeout=60,
+                                    env={"RB_SEEN": str(seen), "RB_NAME": k, **e})) for k, e in envs.items()]
+        for f in futs:
+            f.result(timeout=120)
+    got = {k: json.loads((seen / f"{k}.json").read_text()) for k in envs}
+    assert got["a"]["MASTER_PORT"] and got["a"]["MASTER_PORT"] != got["b"]["MASTER_PORT"]
+    assert got["a"]["MASTER_PORT"] == got["a"]["PET_MASTER_PORT"]
+    assert got["mine"]["MASTER_PORT"] == "23457" and got["mine"]["PET_MASTER_PORT"] not in (None, "23457")
