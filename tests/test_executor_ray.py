@@ -737,3 +737,74 @@ def test_gpus_per_probe_that_no_node_holds_or_bad_values_are_one_line_errors(clu
             assert "Traceback" not in err and (n == "-1" or len(err.splitlines()) == 1), err
     finally:
         os.chdir(old)
+
+
+_ALLREDUCE = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    with open(f"rank{dist.get_rank()}.json", "w") as f:
+        json.dump({"port": os.environ["MASTER_PORT"], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                   "sum": t.item(), "local_rank": os.environ["LOCAL_RANK"]}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _make_torchrun_runner():
+    """Runs ``torchrun --nproc_per_node 2`` of the shipped gloo script with exactly the env a
+    probe's command gets on its node (``{**os.environ, **spec.env}``, as ``run_in_dir`` does)."""
+
+    def runner(spec, workdir, trace_dir):
+        import json as _json
+        import os as _os
+        import subprocess as _sp
+        import sys as _sys
+        from pathlib import Path as _Path
+
+        from reprobisect.core.outcome import Outcome
+        from reprobisect.executors.base import ProbeResult
+
+        cwd = workdir / spec.subdir
+        torchrun = _Path(_sys.executable).with_name("torchrun")
+        env = {**_os.environ, **spec.env, "OMP_NUM_THREADS": "1"}
+        import time as _time
+
+        t0 = _time.time()
+        r = _sp.run([str(torchrun), "--nproc_per_node", "2", "allreduce.py"], cwd=cwd, env=env,
+                    stdout=_sp.PIPE, stderr=_sp.STDOUT, text=True, timeout=150)
+        t1 = _time.time()
+        ranks = [_json.loads((cwd / f"rank{i}.json").read_text()) for i in range(2)] if r.returncode == 0 else []
+        return ProbeResult(spec=spec, outcome=Outcome("ok" if r.returncode == 0 else "crashed", detail=r.stdout[-800:]),
+                           stdout_tail=_json.dumps({"ranks": ranks, "pet": spec.env.get("PET_MASTER_PORT"), "t0": t0, "t1": t1}))
+
+    return runner
+
+
+def test_two_torchrun_probes_on_one_node_at_once_each_rendezvous_on_their_own_port(cluster, gpu_nodes, tmp_path):
+    """The collision this guards against: two torchrun probes packed on one Ray node at the
+    same time (gloo, logical GPUs). Both succeed; each job's ranks met on the port its probe
+    was given on that node and saw only that probe's GPU."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "allreduce.py").write_text(_ALLREDUCE)
+    with RayExecutor(runner=_make_torchrun_runner(), gpus_per_probe=1, placement_timeout=60) as ex:
+        ra, rb = (f.result(timeout=240) for f in ex.submit_pair(_spec("ta", workdir=work), _spec("tb", workdir=work), placement="pack"))
+    assert ra.outcome.status == "ok", ra.outcome.detail
+    assert rb.outcome.status == "ok", rb.outcome.detail
+    assert ra.node_id == rb.node_id
+    ports = []
+    for r in (ra, rb):
+        info = _info(r)
+        assert [x["sum"] for x in info["ranks"]] == [3.0, 3.0]
+        assert {x["port"] for x in info["ranks"]} == {info["pet"]} == {r.rendezvous["PET_MASTER_PORT"]}
+        assert {x["cuda"] for x in info["ranks"]} == {",".join(r.gpu_ids)}
+        ports.append(info["pet"])
+    assert ports[0] != ports[1] and {ra.gpu_ids, rb.gpu_ids} == {("0",), ("1",)}
+    a, b = _info(ra), _info(rb)
+    assert a["t0"] < b["t1"] and b["t0"] < a["t1"]  # the two jobs overlapped in time
