@@ -72,9 +72,14 @@ def test_a_port_in_use_or_claimed_is_never_handed_out(monkeypatch):
         assert free_port(rng=Fixed([busy, claimed, 23999 if 23999 not in (busy, claimed) else 24001])) in (23999, 24001)
     finally:
         server.close()
-    # a claim older than RESERVE_S is stale: the port can be handed out again
+    # a claim older than RESERVE_S is stale: the port can be handed out again, and old claims go
     monkeypatch.setattr(ports, "RESERVE_S", 0.0)
     assert free_port(rng=Fixed([claimed])) == claimed
+    monkeypatch.setattr(ports, "RESERVE_S", 600.0)
+    assert (ports._reservations() / str(claimed)).exists()
+    monkeypatch.setattr(ports, "RESERVE_S", 0.0)
+    free_port()
+    assert not (ports._reservations() / str(claimed)).exists()
 
 
 def test_two_processes_asking_at_once_get_different_ports(tmp_path):

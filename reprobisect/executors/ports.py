@@ -100,6 +100,17 @@ def _reserve(port: int, folder: Path) -> bool:
     return False
 
 
+def _sweep(folder: Path) -> None:
+    """Remove claims older than ``RESERVE_S`` (the folder holds at most the recent ones)."""
+    now = time.time()
+    for path in folder.iterdir():
+        try:
+            if now - path.stat().st_mtime >= RESERVE_S:
+                path.unlink()
+        except OSError:
+            pass  # another caller removed or re-claimed it
+
+
 def free_port(*, rng: random.Random | None = None) -> int:
     """A TCP port free now and reserved on this machine for ``RESERVE_S`` seconds."""
     rng = rng or random.SystemRandom()
@@ -108,6 +119,7 @@ def free_port(*, rng: random.Random | None = None) -> int:
         high = _HIGH
     folder = _reservations()
     with _LOCK:
+        _sweep(folder)
         for _ in range(200):
             port = rng.randrange(_LOW, high)
             if port in _AVOID or not _bindable(port):
