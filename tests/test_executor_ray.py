@@ -303,6 +303,21 @@ def test_a_trace_with_one_shard_per_rank_comes_back_with_every_ranks_steps(clust
         assert float(trace.tensor(1, rec)[0]) == 2.0
 
 
+def test_a_trace_folder_the_user_named_is_complete_when_the_probe_returns(cluster, tmp_path):
+    """capture -o on Ray: files past the eager budget are pulled at once into the named folder
+    (it must stay readable after the executor and the worker's copy are gone)."""
+    work = _folder(tmp_path, "w", value="3.0")
+    named = tmp_path / "named.trace"
+    with RayExecutor(runner=RUNNER, eager_bytes=0) as ex:
+        res = ex.submit(_spec("named", workdir=work, full_steps=(1,), trace_dir=str(named))).result(timeout=120)
+    assert res.outcome.status == "ok", res.outcome
+    assert res.remote_files == {} and Path(res.trace_dir) == named
+    trace = read_trace(named)  # after close: every file is here
+    rec = next(r for r in trace.step(1).records if r.name == "w")
+    assert float(trace.tensor(1, rec)[0]) == 4.0
+    assert json.loads((named / "ray.json").read_text())["remote_files"] == {}
+
+
 def _make_chatty_runner():
     """``RUNNER`` plus some output of the command (closure: Ray pickles it by value)."""
     inner = RUNNER

@@ -1017,9 +1017,14 @@ class RayExecutor:
             remote_trace_dir=value["remote_trace_dir"],
             remote_files=dict(value["remote"]),
         )
+        self._nodes_seen.add(value["node_id"])
+        if local is not None and spec.trace_dir and result.remote_files:
+            # a folder the user named (capture -o) gets the whole trace now: it must stay
+            # readable after this executor and the worker's copy are gone
+            self.pull(result)
+            result = replace(result, remote_files={})
         if local is not None:
             (local / "ray.json").write_text(json.dumps(result.placement_record(), indent=1) + "\n")
-        self._nodes_seen.add(value["node_id"])
         return result
 
     def _clean_workers(self) -> None:
