@@ -241,3 +241,36 @@ def test_a_torch_state_folder_is_not_restored_as_tensorflow(tmp_path, trained):
     (folder / "rng.json").write_text(json.dumps({"state": {}, "objects": []}))
     with pytest.raises(TraceError, match="another framework"):
         tf_state.restore_state(folder, model=trained[0])
+
+
+def test_plain_tf_variables_and_a_users_generator_round_trip(tmp_path):
+    w = tf.Variable(tf.ones((2, 2)), name="w")
+    gen = tf.random.Generator.from_seed(1)
+    seeds = keras.random.SeedGenerator(7)
+    state = {"w": w, "gen": gen, "seeds": seeds}  # a Generator / SeedGenerator stands for its state
+    tf_state.capture_state(tmp_path, 0, variables=state)
+    want = (gen.normal((3,)).numpy(), keras.random.normal((3,), seed=seeds).numpy())
+    w.assign_add(tf.ones((2, 2)))
+    assert sorted(shards.keys(tmp_path / "state" / "step-0" / "variables.safetensors")) == ["gen", "seeds", "w"]
+    res = tf_state.restore_state(tmp_path / "state" / "step-0", variables=state)
+    assert res["matched_by"] == {"variables": "path"}
+    assert np.array_equal(w.numpy(), np.ones((2, 2), "float32"))
+    assert np.array_equal(gen.normal((3,)).numpy(), want[0])
+    assert np.array_equal(keras.random.normal((3,), seed=seeds).numpy(), want[1])
+
+
+def test_loss_scale_optimizer_is_restored_into_an_unbuilt_one(tmp_path):
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), initial_scale=2.0**4)
+    m.compile(opt, "mse")
+    for _ in range(2):
+        m.train_on_batch(np.ones((2, 3), "float32"), np.zeros((2, 1), "float32"))
+    tf_state.capture_state(tmp_path, 1, model=m, optimizer=opt)
+    keys = shards.keys(tmp_path / "state" / "step-1" / "optimizer.safetensors")
+    assert any("momentum" in k for k in keys) and any("scale" in k for k in keys)
+    m2 = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    opt2 = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), initial_scale=2.0**4)
+    assert not opt2.built
+    tf_state.restore_state(tmp_path / "state" / "step-1", model=m2, optimizer=opt2)
+    assert [v.numpy().tolist() for v in opt2.variables] == [v.numpy().tolist() for v in opt.variables]

@@ -322,11 +322,27 @@ def _tensorflow(tf) -> dict[str, Any]:
     out["grappler"] = _guard(lambda: dict(cfg.optimizer.get_experimental_options()))
     out["intra_op_threads"] = _guard(lambda: cfg.threading.get_intra_op_parallelism_threads())
     out["inter_op_threads"] = _guard(lambda: cfg.threading.get_inter_op_parallelism_threads())
-    if _TF_EXECUTION:
-        out["execution"] = dict(_TF_EXECUTION)
+    execution = _tf_execution()
+    if execution:
+        out["execution"] = execution
     keras = sys.modules.get("keras")
     if keras is not None:
         out["keras"] = _guard(_keras, keras)
+    return out
+
+
+def _tf_execution() -> dict[str, Any]:
+    """``note_tf_execution``'s fields, else what the TF recorder (imported with it) noted of ``fit``."""
+    if _TF_EXECUTION:
+        return dict(_TF_EXECUTION)
+    watch = sys.modules.get("reprobisect.runners.tensorflow")
+    rec = watch.current() if watch is not None and callable(getattr(watch, "current", None)) else None
+    info = getattr(rec, "info", None)
+    if not isinstance(info, dict):
+        return {}
+    out = {k: info[k] for k in ("run_eagerly", "jit_compile") if isinstance(info.get(k), bool)}
+    if out:
+        out["mode"] = "eager" if out.get("run_eagerly") else ("xla" if out.get("jit_compile") else "graph")
     return out
 
 
