@@ -274,3 +274,61 @@ def test_loss_scale_optimizer_is_restored_into_an_unbuilt_one(tmp_path):
     assert not opt2.built
     tf_state.restore_state(tmp_path / "state" / "step-1", model=m2, optimizer=opt2)
     assert [v.numpy().tolist() for v in opt2.variables] == [v.numpy().tolist() for v in opt.variables]
+
+
+RECORDED_FIT = textwrap.dedent(
+    '''
+    import hashlib, json, sys
+    import numpy as np, keras
+    from reprobisect.runners.tensorflow import RecordPolicy, TFRecorder
+    from reprobisect.runners import tf_state
+    from reprobisect.runners.environment import collect_environment
+    from reprobisect.trace import TraceWriter
+
+    mode, trace, eager = sys.argv[1], sys.argv[2], sys.argv[3] == "eager"
+    def digest(vs):
+        h = hashlib.sha256()
+        for v in vs:
+            h.update(np.ascontiguousarray(v.numpy()).tobytes())
+        return h.hexdigest()[:16]
+    keras.utils.set_random_seed(0 if mode == "full" else 9)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dropout(0.3), keras.layers.Dense(1)])
+    opt = keras.optimizers.Adam(1e-2)
+    model.compile(opt, "mse", run_eagerly=eager)
+    rs = np.random.RandomState(1)
+    X, Y = rs.rand(12, 8).astype("float32"), rs.rand(12, 1).astype("float32")
+    out = {}
+    class Rec(keras.callbacks.Callback):
+        def on_train_batch_end(self, b, logs=None):
+            out[int(opt.iterations.numpy())] = digest(model.variables + opt.variables)
+    if mode == "full":
+        w = TraceWriter(trace, command=sys.argv)
+        rec = TFRecorder(w, RecordPolicy(steps=6, state_steps=(2,))).install()
+        model.fit(X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Rec()])
+        out["execution"] = collect_environment()["tensorflow"].get("execution")
+        rec.remove()
+        w.close()
+    else:
+        model(X[:1])
+        tf_state.restore_state(trace, step=2, model=model, optimizer=opt)
+        model.fit(X, Y, batch_size=4, epochs=2, initial_epoch=1, shuffle=False, verbose=0, callbacks=[Rec()])
+    print("RESULT " + json.dumps(out))
+    '''
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_the_recorders_state_steps_restore_bitwise(tmp_path, mode):
+    """The TF recorder calls capture_state at its policy's state steps (state/step-K after the
+    0-based step K, i.e. after K + 1 updates); a fresh process resumes from it bitwise."""
+    pytest.importorskip("reprobisect.runners.tensorflow")
+    script = tmp_path / "fit.py"
+    script.write_text(RECORDED_FIT)
+    trace = tmp_path / "run.trace"
+    full = _run(script, "full", trace, mode)
+    assert (trace / "state" / "step-2" / "model.safetensors").is_file()
+    assert full["execution"]["mode"] == mode and full["execution"]["run_eagerly"] is (mode == "eager")
+    resumed = _run(script, "resume", trace, mode)
+    assert [resumed[k] for k in ("4", "5", "6")] == [full[k] for k in ("4", "5", "6")]
