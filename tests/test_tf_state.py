@@ -332,3 +332,24 @@ def test_the_recorders_state_steps_restore_bitwise(tmp_path, mode):
     assert full["execution"]["mode"] == mode and full["execution"]["run_eagerly"] is (mode == "eager")
     resumed = _run(script, "resume", trace, mode)
     assert [resumed[k] for k in ("4", "5", "6")] == [full[k] for k in ("4", "5", "6")]
+
+
+def test_capture_draws_nothing_and_leaves_the_data_order_alone(tmp_path, trained):
+    """Observers observe: a capture (iterator serialization included) changes no RNG and no batch."""
+    import random
+
+    def pipeline():
+        return iter(tf.data.Dataset.range(40).shuffle(40, seed=5).batch(4))
+
+    a, b = pipeline(), pipeline()
+    for _ in range(2):
+        assert np.array_equal(next(a).numpy(), next(b).numpy())
+    tf.random.set_seed(11)
+    before = (random.getstate(), np.random.get_state(legacy=True)[1].copy())
+    tf_state.capture_state(tmp_path, 1, model=trained[0], optimizer=trained[1], datasets=[a])
+    assert random.getstate() == before[0] and np.array_equal(np.random.get_state(legacy=True)[1], before[1])
+    op_seed_after_capture = float(tf.random.uniform(()))
+    tf.random.set_seed(11)
+    assert float(tf.random.uniform(())) == op_seed_after_capture
+    for _ in range(5):
+        assert np.array_equal(next(a).numpy(), next(b).numpy())
