@@ -353,3 +353,19 @@ def test_capture_draws_nothing_and_leaves_the_data_order_alone(tmp_path, trained
     assert float(tf.random.uniform(())) == op_seed_after_capture
     for _ in range(5):
         assert np.array_equal(next(a).numpy(), next(b).numpy())
+
+
+@pytest.mark.slow
+def test_bench_recorder_tf_smoke_run_prints_ratios_and_says_when_the_recorder_is_missing():
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([PY, str(root / "scripts" / "bench" / "bench_recorder_tf.py"), "--quick", "--modes", "graph", "--json"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = json.loads(r.stdout)
+    g = out["graph"]
+    assert g["median_step_s"]["plain"] > 0 and g["check_numerics"] > 0
+    try:
+        import reprobisect.runners.tensorflow  # noqa: F401
+    except ImportError:
+        assert r.returncode == 2 and g["record"] is None and "not in this checkout" in out["recorder_missing"]
+    else:
+        assert r.returncode == 0 and g["record"] > 0 and all(n > 0 for n in g["recorded_steps_per_fit"])
