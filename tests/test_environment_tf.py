@@ -90,3 +90,10 @@ def test_keras_on_the_torch_backend_says_the_tf_recorder_records_nothing(tmp_pat
     assert k["backend"] == "torch" and k["api"]["used"] == "keras"
     assert "torch backend: the TensorFlow recorder records nothing" in k["note"]
     assert e["env_vars"]["KERAS_BACKEND"] == "torch"
+
+
+def test_a_keras_backend_change_is_numerics_and_its_note_is_info():
+    a = {"keras": {"backend": "jax", "note": "Keras runs on the jax backend: ...", "api": {"used": "keras", "how": "x"}}}
+    b = {"keras": {"backend": "torch", "note": "Keras runs on the torch backend: ...", "api": {"used": "keras", "how": "y"}}}
+    by = {c.path: c.category for c in diff_environments(a, b)}
+    assert by == {"keras.backend": "numerics", "keras.note": "info", "keras.api.how": "info"}

@@ -40,8 +40,12 @@ dtypes must agree), builds an unbuilt Keras optimizer on ``model.trainable_varia
 then sets the RNGs — Python and NumPy last, because creating a missing global generator
 draws from them. Objects passed to ``restore_state`` that were not captured are an error.
 
-Not capturable: per-kernel state of eager random ops given an explicit op ``seed`` (TF keeps
-it in a kernel cache), ``np.random.default_rng`` generators the program holds, and the
+Not capturable: the hidden per-kernel state of TF's stateful random ops — an eager op given
+an explicit op ``seed`` (TF caches its kernel), and ``tf.random.uniform`` / ``tf.nn.dropout``
+inside a ``tf.function`` (each call advances the op's kernel; a fresh process starts it
+again). Keras 3 layers draw through ``SeedGenerator`` (stateless ops + a state variable),
+which is captured. Also not capturable: ``np.random.default_rng`` generators the program
+holds, Keras metric accumulators (they only change the logged running mean), and the
 position inside a ``model.fit`` epoch over shuffled data (``fit`` builds its iterator
 inside; resume at an epoch boundary with ``initial_epoch`` is exact). ``data.json``
 says ``exact: false`` with the reason when the position is not exact.
