@@ -97,3 +97,16 @@ def test_a_keras_backend_change_is_numerics_and_its_note_is_info():
     b = {"keras": {"backend": "torch", "note": "Keras runs on the torch backend: ...", "api": {"used": "keras", "how": "y"}}}
     by = {c.path: c.category for c in diff_environments(a, b)}
     assert by == {"keras.backend": "numerics", "keras.note": "info", "keras.api.how": "info"}
+
+
+def test_keras_api_reads_the_script_in_argv_even_after_runpy_restored_main(tmp_path, monkeypatch):
+    """The launcher seals the trace after runpy put ``__main__`` back to the launcher:
+    the script is the one in ``sys.argv[0]``."""
+    from reprobisect.runners import environment
+
+    script = tmp_path / "train.py"
+    script.write_text("from tensorflow import keras\n")
+    monkeypatch.setattr(sys, "argv", [str(script), "--epochs", "1"])
+    assert environment._keras_api()["used"] == "tf.keras"
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    assert environment._keras_api()["used"] in ("none", "unknown")  # pytest's own __main__, never a guess from argv

@@ -387,8 +387,11 @@ def keras_api_of(source: str) -> str:
 
 
 def _keras_api() -> dict[str, Any]:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
+    # the script: argv[0] (the launcher runs it through runpy, which restores __main__ to the
+    # launcher once the script ends, when the trace is sealed), else __main__'s file
+    path = sys.argv[0] if sys.argv and str(sys.argv[0]).endswith(".py") else None
+    if not path or not os.path.isfile(path):
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
     if not path or not os.path.isfile(path):
         return {"used": "unknown", "how": "no script file (python -c, a REPL or -m without a file)"}
     with open(path, encoding="utf-8", errors="replace") as f:
