@@ -369,3 +369,15 @@ def test_bench_recorder_tf_smoke_run_prints_ratios_and_says_when_the_recorder_is
         assert r.returncode == 2 and g["record"] is None and "not in this checkout" in out["recorder_missing"]
     else:
         assert r.returncode == 0 and g["record"] > 0 and all(n > 0 for n in g["recorded_steps_per_fit"])
+
+
+def test_a_state_changed_after_the_trace_was_sealed_is_refused(tmp_path, trained):
+    m, opt = trained
+    with TraceWriter(tmp_path / "t") as w:
+        tf_state.capture_state(w, 0, model=m, optimizer=opt)
+    p = tmp_path / "t" / "state" / "step-0" / "model.safetensors"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 1  # one flipped bit in the last weight
+    p.write_bytes(bytes(raw))
+    with pytest.raises(TraceError, match="modified after it was sealed"):
+        tf_state.restore_state(tmp_path / "t", step=0, model=m)
