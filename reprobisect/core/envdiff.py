@@ -41,6 +41,10 @@ INFO_PATHS = (
     "torch.devices.*.memory_gib",
     "recorder",
     "probe",
+    "tensorflow.keras.note",
+    "tensorflow.keras.api.how",
+    "keras.note",
+    "keras.api.how",
 )
 """Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
 

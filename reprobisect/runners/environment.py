@@ -12,7 +12,14 @@ diff reads well (``reprobisect.core.envdiff``):
                  autocast state (cpu, cuda), compile/dynamo state, thread counts
 ``determinism``  deterministic algorithms (+ warn_only), cuDNN benchmark/deterministic/
                  enabled, TF32 (old flags, float32 matmul precision, new fp32_precision)
-``tensorflow``   op determinism, devices, Keras version and backend (only when imported)
+``tensorflow``   (only when imported) version, op determinism, devices (GPU name and
+                 capability), build (CUDA/cuDNN), oneDNN, TF32, XLA auto-jit, grappler
+                 options, thread counts, ``execution`` (run_eagerly/jit_compile/mode, from
+                 the TF recorder: ``note_tf_execution``), and ``keras``: version, backend,
+                 floatx, epsilon, mixed-precision policy, ``api`` (``tf.keras`` vs
+                 standalone ``keras`` vs ``tf_keras``, read from the script's imports)
+``keras``        the same Keras record when Keras runs without TensorFlow (JAX or torch
+                 backend), with a ``note`` saying that the TF recorder records nothing then
 ``env_vars``     variables that change numerics (set ones only; absent = unset)
 ``probe``        where the executor placed this probe (``REPROBISECT_PROBE_*``: Ray node,
                  device type, pair placement); information, not numerics
@@ -46,7 +53,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect_environment", "revision_of", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
+__all__ = ["collect_environment", "revision_of", "note_tf_execution", "keras_api_of", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
 
 PACKAGES = (
     "torch",
@@ -70,6 +77,7 @@ PACKAGES = (
     "xformers",
     "flash_attn",
     "ml_dtypes",
+    "tf_keras",
     "scipy",
     "sklearn",
     "datasets",
@@ -96,6 +104,18 @@ NUMERICS_ENV_VARS = (
     "TF_DETERMINISTIC_OPS",
     "TF_CUDNN_DETERMINISTIC",
     "TF_ENABLE_AUTO_MIXED_PRECISION",
+    "TF_XLA_FLAGS",
+    "TF_GPU_ALLOCATOR",
+    "TF_USE_LEGACY_KERAS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "TF_ENABLE_CUBLAS_TENSOR_OP_MATH_FP32",
+    "TF_ENABLE_CUDNN_TENSOR_OP_MATH_FP32",
+    "TF_FP16_CONV_USE_FP32_COMPUTE",
+    "TF_FP16_MATMUL_USE_FP32_COMPUTE",
+    "TF_GPU_THREAD_MODE",
+    "TF_GPU_THREAD_COUNT",
+    "TF_DISABLE_MKL",
     "XLA_FLAGS",
     "KERAS_BACKEND",
     "JAX_ENABLE_X64",
@@ -108,8 +128,9 @@ NUMERICS_ENV_VARS = (
 )
 """Environment variables recorded when set: each can change numerics or device placement."""
 
-NUMERICS_ENV_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDNN_", "CUBLAS", "NCCL_")
-"""Prefixes of further variables recorded when set (torch, inductor, cuDNN, cuBLAS, NCCL knobs)."""
+NUMERICS_ENV_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDNN_", "CUBLAS", "NCCL_",
+                         "TF_CUDNN_", "TF_XLA_", "TF_ENABLE_", "TF_DETERMINISTIC", "TF_GPU_", "XLA_")
+"""Prefixes of further variables recorded when set (torch, inductor, cuDNN, cuBLAS, NCCL, TF/XLA knobs)."""
 
 _NOT_NUMERICS = re.compile(r"CACHE|HOME|LOG|DEBUG|TRACE|DIR$")  # paths and logging knobs
 _GIT_TIMEOUT = 2.0
@@ -274,20 +295,71 @@ def _determinism(torch) -> dict[str, Any]:
     return out
 
 
+_TF_EXECUTION: dict[str, Any] = {}
+
+
+def note_tf_execution(**fields: Any) -> None:
+    """What only the TF recorder knows of how the model ran: ``run_eagerly``, ``jit_compile``,
+    ``steps_per_execution``, ``mode`` (``eager`` / ``graph`` / ``xla``)... JSON values; recorded
+    under ``tensorflow.execution`` by the next ``collect_environment`` (the seal's)."""
+    _TF_EXECUTION.update({k: v for k, v in fields.items() if v is None or isinstance(v, (bool, int, float, str))})
+
+
 def _tensorflow(tf) -> dict[str, Any]:
     out: dict[str, Any] = {"version": getattr(tf, "__version__", None)}
     cfg = tf.config
+    out["git_version"] = _guard(lambda: tf.version.GIT_VERSION)
     out["op_determinism"] = _guard(_tf_op_determinism)
     # physical devices: listing them does not start the runtime (logical ones would)
     out["devices"] = _guard(lambda: [f"{d.device_type}:{d.name}" for d in cfg.list_physical_devices()])
+    out["gpus"] = _guard(_tf_gpus, cfg)
+    out["build"] = _guard(lambda: {k: (v if isinstance(v, (bool, int, str)) or v is None else str(v))
+                                   for k, v in dict(tf.sysconfig.get_build_info()).items()})
+    out["onednn_built"] = _guard(_tf_onednn)
     out["tf32"] = _guard(lambda: bool(cfg.experimental.tensor_float_32_execution_enabled()))
     out["run_functions_eagerly"] = _guard(lambda: bool(cfg.functions_run_eagerly()))
+    out["xla_auto_jit"] = _guard(lambda: str(cfg.optimizer.get_jit() or "off"))
+    out["grappler"] = _guard(lambda: dict(cfg.optimizer.get_experimental_options()))
     out["intra_op_threads"] = _guard(lambda: cfg.threading.get_intra_op_parallelism_threads())
     out["inter_op_threads"] = _guard(lambda: cfg.threading.get_inter_op_parallelism_threads())
+    execution = _tf_execution()
+    if execution:
+        out["execution"] = execution
     keras = sys.modules.get("keras")
     if keras is not None:
         out["keras"] = _guard(_keras, keras)
     return out
+
+
+def _tf_execution() -> dict[str, Any]:
+    """``note_tf_execution``'s fields, else what the TF recorder (imported with it) noted of ``fit``."""
+    if _TF_EXECUTION:
+        return dict(_TF_EXECUTION)
+    watch = sys.modules.get("reprobisect.runners.tensorflow")
+    rec = watch.current() if watch is not None and callable(getattr(watch, "current", None)) else None
+    info = getattr(rec, "info", None)
+    if not isinstance(info, dict):
+        return {}
+    out = {k: info[k] for k in ("run_eagerly", "jit_compile") if isinstance(info.get(k), bool)}
+    if out:
+        out["mode"] = "eager" if out.get("run_eagerly") else ("xla" if out.get("jit_compile") else "graph")
+    return out
+
+
+def _tf_gpus(cfg) -> list[dict[str, Any]]:
+    # details of physical GPUs (name, compute capability) do not create a context
+    out = []
+    for d in cfg.list_physical_devices("GPU"):
+        info = cfg.experimental.get_device_details(d)
+        out.append({"name": d.name, "device_name": info.get("device_name"),
+                    "compute_capability": list(info["compute_capability"]) if info.get("compute_capability") else None})
+    return out
+
+
+def _tf_onednn() -> bool | None:
+    # oneDNN (MKL) kernels built in; TF_ENABLE_ONEDNN_OPTS (in env_vars) switches them, on by default on x86 Linux
+    port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
+    return bool(port.IsMklEnabled()) if port is not None and hasattr(port, "IsMklEnabled") else None
 
 
 def _tf_op_determinism() -> bool | None:
@@ -299,13 +371,53 @@ def _tf_op_determinism() -> bool | None:
     return bool(fn())
 
 
+_KERAS_IMPORTS = (
+    ("tf.keras", re.compile(r"^\s*(?:from\s+tensorflow(?:\.python)?\.keras\b|from\s+tensorflow\s+import\s+[^#\n]*\bkeras\b|import\s+tensorflow\.keras\b)|\btf\.keras\b", re.M)),
+    ("keras", re.compile(r"^\s*(?:import\s+keras\b|from\s+keras\b)", re.M)),
+    ("tf_keras", re.compile(r"^\s*(?:import\s+tf_keras\b|from\s+tf_keras\b)", re.M)),
+)
+
+
+def keras_api_of(source: str) -> str:
+    """Which Keras the script's source names: ``tf.keras``, ``keras`` (standalone), ``tf_keras``
+    (Keras 2), several joined by ``+``, or ``none``. Static: a script that reaches Keras
+    through another module of its own reads as ``none``."""
+    found = [name for name, pat in _KERAS_IMPORTS if pat.search(source)]
+    return "+".join(found) if found else "none"
+
+
+def _keras_api() -> dict[str, Any]:
+    # the script: argv[0] (the launcher runs it through runpy, which restores __main__ to the
+    # launcher once the script ends, when the trace is sealed), else __main__'s file
+    path = sys.argv[0] if sys.argv and str(sys.argv[0]).endswith(".py") else None
+    if not path or not os.path.isfile(path):
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not os.path.isfile(path):
+        return {"used": "unknown", "how": "no script file (python -c, a REPL or -m without a file)"}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        used = keras_api_of(f.read(1_000_000))
+    tf_keras = "tf_keras (Keras 2)" if "tf_keras" in sys.modules else "keras (Keras 3)"
+    return {"used": used, "how": "the script's imports", "tf.keras_is": tf_keras}
+
+
+_OTHER_BACKEND = (
+    "Keras runs on the {b} backend: the TensorFlow recorder records nothing of this run's training "
+    "(no layer outputs, gradients or optimizer steps); the capture holds this environment record{extra}"
+)
+
+
 def _keras(keras) -> dict[str, Any]:
     out: dict[str, Any] = {"version": getattr(keras, "__version__", None)}
     backend = getattr(keras, "backend", None)
     out["backend"] = _guard(lambda: backend.backend()) if backend is not None else None
     out["floatx"] = _guard(lambda: backend.floatx()) if backend is not None else None
+    out["epsilon"] = _guard(lambda: backend.epsilon()) if backend is not None else None
     policy = _guard(lambda: keras.mixed_precision.global_policy().name)
     out["mixed_precision_policy"] = policy
+    out["api"] = _guard(_keras_api)
+    if out["backend"] not in ("tensorflow", None) and isinstance(out["backend"], str):
+        extra = " (and what the torch recorder sees if the script steps a torch.optim optimizer)" if out["backend"] == "torch" else ""
+        out["note"] = _OTHER_BACKEND.format(b=out["backend"], extra=extra)
     return out
 
 
@@ -466,6 +578,8 @@ def collect_environment(extra: dict | None = None) -> dict[str, Any]:
     tf = sys.modules.get("tensorflow")
     if tf is not None and hasattr(tf, "config"):
         env["tensorflow"] = _guard(_tensorflow, tf)
+    elif sys.modules.get("keras") is not None:  # Keras on JAX/torch: no TF, the backend says what is recorded
+        env["keras"] = _guard(_keras, sys.modules["keras"])
     env["git"] = _guard(_git, cwd)
     root = env["git"].get("root") if isinstance(env["git"], dict) else None
     env["data"] = _guard(_data, root or cwd)
