@@ -1,0 +1,788 @@
+"""The TensorFlow / Keras recorder: one training step's chain, recorded without code changes.
+
+Runs inside the user's process: the launcher activates it when the script imports
+``tensorflow`` or ``keras`` (``reprobisect.runners.registry``); ``reprobisect.tensorflow.record``
+installs it around explicit code. It never imports torch. Keras 3 on the TensorFlow backend.
+
+What a step is: one optimizer update, i.e. one outermost call of a Keras optimizer's
+``apply`` (``apply_gradients`` calls it; a ``LossScaleOptimizer``'s inner call is part of
+it): the batch, forward pass and loss that lead to it, the gradients it applies, the
+variables after it. What is observed, and how (class-level wraps, undone by ``remove``):
+
+- ``batch``: ``model.fit`` is wrapped to wrap the model's ``train_step`` (on the instance:
+  an overridden ``train_step`` is covered too); its ``data`` gives ``data[i]`` records
+  (every tensor of the batch). ``ids`` (int64 sample indices): when ``x`` given to ``fit``
+  is one NumPy array whose rows are unique, each batch row is found in it by content, so
+  the IDs are Keras' own order (with ``shuffle``) whatever its shuffling does; otherwise
+  (a ``tf.data.Dataset``, a generator, repeated rows, several inputs) the IDs are not
+  derivable and the manifest says so (``extra.tensorflow.batch_ids``). A custom
+  ``GradientTape`` loop has no ``batch`` records (its batch shows at ``input``).
+- ``input`` / ``activation`` / ``output``: ``keras.layers.Layer.__call__`` is wrapped. A
+  layer called with no layer on the call stack while a ``GradientTape`` is recording is the
+  training root: its tensor arguments are ``input``, its result ``output``; every layer it
+  calls is an ``activation`` named by its path of layer names (``block.dense_1``), with
+  ``#k`` for the k-th repeat call in the step and ``[i]`` for the i-th tensor of a
+  structured result, ``module`` = the layer's class, ``inputs`` = its inputs' fingerprints.
+  Calls with no tape recording (validation, ``predict``, building) are not records.
+- ``loss``: ``tf.GradientTape.gradient`` is wrapped: its ``target`` is the loss (in ``fit``
+  the loss as scaled by a ``LossScaleOptimizer``), one record per ``gradient`` call.
+- ``init`` (step 0), ``grad``, ``param``, ``optim_state``: the optimizer's ``apply``: the
+  variables before the first update, each gradient as passed to ``apply`` (named like its
+  variable: ``sequential/dense/kernel``), every variable of the call after the update, and
+  every optimizer variable (``iterations``, moments). ``scalars.lr`` is the learning rate
+  the update used; ``scalars.grad_norm`` the norm of the gradients as applied.
+- ``None`` gradients are findings: the variables are printed on stderr once (one line
+  naming all), and every step holding them has ``scalars.none_grad_variables`` (and
+  ``scalars.no_gradients`` when none had one); the manifest's
+  ``extra.tensorflow.none_gradients`` names them. The optimizer is then called exactly as
+  without the recorder (Keras skips those variables with its own warning).
+
+Eager and graph: in eager execution (``run_eagerly=True``, a plain eager loop) every tensor
+is fingerprinted on the spot. Under ``tf.function`` (``fit``'s default) the wraps run once,
+at tracing, and insert ``tf.py_function`` taps that hand the runtime values to the recorder
+(the variables after the update are read in the graph after the update ops, so the
+recorder sees exactly what the next step uses). Layer outputs inside the model are not
+tapped in graph mode: a tap is an extra consumer that can stop Grappler from fusing ops,
+i.e. could change the numerics being recorded; the manifest says so
+(``extra.tensorflow.layer_outputs``), and the model's input and output, loss, gradients
+and variables are still recorded. Under XLA (``jit_compile=True``) no tap can run inside
+the compiled function: ``fit`` then records the variables after each step and the
+optimizer variables from a callback, and says what is missing. ``REPROBISECT_TF_EAGER=1``
+makes ``fit`` run eagerly (``run_eagerly=True``) for full detail; this can change numerics
+and is recorded (``extra.tensorflow.forced_eager``); by default the user's mode is kept.
+
+Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
+eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
+function or the script's own).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import backprop, record as tape_record
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import control_flow_util
+
+from reprobisect.errors import UsageError
+from reprobisect.runners import fingerprint_tf as fptf
+from reprobisect.trace.fingerprint import dtype_name
+from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS, KINDS, SENTINEL_KINDS, Record
+
+__all__ = ["RecordPolicy", "StopRun", "TFRecorder", "current", "install_keras"]
+
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+_MAX_ID_BYTES = 256 << 20  # the NumPy x of fit indexed by row content up to this size
+_GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPolicy:
+    """What to record, and for how long (the fields of ``reprobisect.runners.torch.RecordPolicy``)."""
+
+    steps: int = 3
+    full_steps: tuple[int, ...] = ()
+    state_steps: tuple[int, ...] = ()
+    stop_on_nonfinite: bool = False
+    max_disk: int | None = None
+    stats: bool = True
+    max_records_per_step: int = 20000
+    detail: str = "full"
+    state_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.detail not in DETAILS:
+            raise UsageError(f"detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
+        if self.state_every is None and self.detail == "sentinel":
+            object.__setattr__(self, "state_every", DEFAULT_STATE_EVERY)
+
+    @property
+    def sentinel(self) -> bool:
+        return self.detail == "sentinel"
+
+    def wants_state(self, step: int) -> bool:
+        k = self.state_every
+        return step in self.state_steps or (k is not None and step % k == k - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "full_steps": list(self.full_steps), "state_steps": list(self.state_steps),
+                "stop_on_nonfinite": self.stop_on_nonfinite, "max_disk": self.max_disk, "stats": self.stats,
+                "max_records_per_step": self.max_records_per_step, "detail": self.detail,
+                "state_every": self.state_every}
+
+
+class StopRun(BaseException):
+    """Ends the user's run after the last recorded step (a ``BaseException``: an
+    ``except Exception`` in the loop does not swallow it)."""
+
+    def __init__(self, reason: str, step: int, detail: str = "", traceback: str | None = None) -> None:
+        super().__init__(f"reprobisect: {reason} at step {step}")
+        self.reason = reason  # ok | nonfinite | recorder_error | no_steps
+        self.step = step
+        self.detail = detail
+        self.traceback = traceback
+
+
+@dataclass
+class _Item:
+    rec: Record
+    seq: int
+    array: np.ndarray | None = None
+
+
+@dataclass
+class _Apply:
+    """What the optimizer's ``apply`` was given (before the update)."""
+
+    opt: Any
+    variables: list[Any]
+    names: list[str]
+    none_names: list[str]
+    lr: Any
+    graph: bool
+    grads: list[Any] = field(default_factory=list)
+
+
+_CURRENT: "TFRecorder | None" = None
+
+
+def current() -> "TFRecorder | None":
+    """The installed recorder, if any."""
+    return _CURRENT
+
+
+def _var_name(v: Any) -> str:
+    path = getattr(v, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    name = str(getattr(v, "name", "variable"))
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype != tf.string and x.dtype != tf.resource \
+        and x.dtype != tf.variant
+
+
+def _tensors(obj: Any) -> list[Any]:
+    try:
+        flat = tf.nest.flatten(obj)
+    except Exception:
+        return []
+    return [t for t in flat if _is_tensor(t)]
+
+
+def _in_xla() -> bool:
+    try:
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
+    except Exception:
+        return False
+
+
+def _json_float(x: float) -> float | str:
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+class TFRecorder:
+    """Records steps of a Keras ``fit`` or a ``tf.GradientTape`` loop into a ``TraceWriter``.
+
+    ``install()`` wraps TensorFlow (and Keras, once it is imported: ``install_keras``);
+    ``remove()`` undoes it. With ``stop_at_limit`` the recorder raises ``StopRun`` once
+    ``policy.steps`` steps are written (the launcher's mode); otherwise it goes quiet.
+    The attributes the launcher reads are those of the torch recorder.
+    """
+
+    def __init__(self, writer: Any, policy: RecordPolicy, *, stop_at_limit: bool = False) -> None:
+        self.writer = writer
+        self.policy = policy
+        self.stop_at_limit = stop_at_limit
+        self.step = 0
+        self.done = False
+        self.stop: StopRun | None = None
+        self.notes: list[str] = []
+        self.first_nonfinite: tuple[int, str] | None = None
+        self.failed: str | None = None
+        self.environment_extra: dict[str, Any] = {}
+        self.seed: Any = None
+        self.backwards = 0  # GradientTape.gradient calls seen
+        self.info: dict[str, Any] = {}  # the manifest's extra.tensorflow
+        self.model_ref: "weakref.ref | None" = None
+        self.optimizer_ref: "weakref.ref | None" = None
+        self._undo: list[Callable[[], None]] = []
+        self._keras = False
+        self._stack: list[tuple[Any, bool]] = []
+        self._apply_depth = 0
+        self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
+        self._none_seen: set[str] = set()
+        self._modes: set[str] = set()
+        self._reset_step()
+
+    # -- buffer ------------------------------------------------------------------------------
+
+    def _reset_step(self) -> None:
+        self._items: list[_Item] = []
+        self._occ: dict[tuple[str, str], int] = {}
+        self._seq = 0
+        self._fp_cache: dict[int, tuple[Any, str]] = {}
+        self._batch_ids: list[int] | None = None
+        self._scalars: dict[str, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        return not self.done and self.failed is None
+
+    def _unique(self, occ: dict[tuple[str, str], int], kind: str, base: str) -> str:
+        k = occ.get((kind, base), 0)
+        occ[(kind, base)] = k + 1
+        return base if k == 0 else f"{base}#{k}"
+
+    def _keep(self, step: int | None = None) -> bool:
+        return (self.step if step is None else step) in self.policy.full_steps
+
+    def _fp(self, t: Any) -> tuple[str, dict | None, np.ndarray]:
+        a = fptf.host_array(t)
+        fp, st = fptf.fingerprint_array(a, self.policy.stats)
+        return fp, st, a
+
+    def _add_now(self, kind: str, name: str, t: Any, *, seq: int | None = None, module: str | None = None,
+                 inputs: tuple[str, ...] | None = None) -> str:
+        """Fingerprint the eager tensor ``t`` now and buffer its record; returns the fingerprint."""
+        if self.policy.sentinel and kind not in SENTINEL_KINDS:
+            return ""
+        fp, st, a = self._fp(t)
+        if not isinstance(t, np.ndarray):
+            self._fp_cache[id(t)] = (t, fp)
+        rec = Record(name=name, kind=kind, dtype=dtype_name(a.dtype), shape=tuple(a.shape), fingerprint=fp,
+                     stats=st, module=module, inputs=inputs)
+        if seq is None:
+            seq = self._seq
+            self._seq += 1
+        self._items.append(_Item(rec, seq, a if self._keep() else None))
+        return fp
+
+    def _cached_fp(self, t: Any) -> str:
+        hit = self._fp_cache.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        fp, _, _ = self._fp(t)
+        self._fp_cache[id(t)] = (t, fp)
+        return fp
+
+    # -- graph taps ----------------------------------------------------------------------------
+
+    def _gstate(self) -> dict[str, Any]:
+        g = tf_ops.get_default_graph()
+        st = self._graph_state.get(id(g))
+        if st is None or st["graph"]() is not g:
+            st = self._graph_state[id(g)] = {"graph": weakref.ref(g), "occ": {}, "seq": 0, "taps": []}
+        return st
+
+    def _py(self, fn: Callable[..., None], tensors: list[Any], deps: list[Any] | None = None) -> list[Any]:
+        """A ``tf.py_function`` calling ``fn`` with the runtime values; returns the ops made."""
+        g = tf_ops.get_default_graph()
+        before = len(g.get_operations())
+        with tf.control_dependencies(deps or []):
+            tf.py_function(fn, list(tensors), [])
+        return [op for op in g.get_operations()[before:] if op.type == "EagerPyFunc"]
+
+    def _tap(self, kind: str, base: str, ts: list[Any], *, module: str | None = None, step0: bool = False,
+             named: bool = False) -> None:
+        """Record ``ts`` (one record each, ``base[i]`` when several) now (eager) or at run time (graph)."""
+        if self.policy.sentinel and kind not in SENTINEL_KINDS:
+            return
+        names_given = named
+        if tf.executing_eagerly():
+            if step0 and self.step != 0:
+                return
+            for i, t in enumerate(ts):
+                b = base[i] if names_given else (base if len(ts) == 1 else f"{base}[{i}]")
+                self._add_now(kind, self._unique(self._occ, kind, b), t, module=module)
+            return
+        if _in_xla():
+            self.info.setdefault("not_recorded_under_xla", [])
+            if kind not in self.info["not_recorded_under_xla"]:
+                self.info["not_recorded_under_xla"].append(kind)
+            return
+        gs = self._gstate()
+        entries = []
+        for i, t in enumerate(ts):
+            b = base[i] if names_given else (base if len(ts) == 1 else f"{base}[{i}]")
+            entries.append((self._unique(gs["occ"], kind, b), gs["seq"]))
+            gs["seq"] += 1
+
+        def at_run(*values: Any) -> None:
+            self.guarded("tap", self._add_values, kind, entries, values, module, step0)
+
+        gs["taps"] += self._py(at_run, ts)
+
+    def _add_values(self, kind: str, entries: list[tuple[str, int]], values: tuple, module: str | None,
+                    step0: bool) -> None:
+        if not self.active or (step0 and self.step != 0):
+            return
+        for (name, seq), v in zip(entries, values):
+            self._add_now(kind, name, v, seq=seq, module=module)
+
+    # -- install -----------------------------------------------------------------------------
+
+    def _patch(self, owner: Any, attr: str, make: Callable[[Callable], Callable]) -> None:
+        orig = owner.__dict__[attr]
+        new = make(orig)
+        new.__wrapped__ = orig  # type: ignore[attr-defined]
+        setattr(owner, attr, new)
+        self._undo.append(lambda: setattr(owner, attr, orig))
+
+    def install(self) -> "TFRecorder":
+        """Wrap ``GradientTape.gradient`` and ``tf.function`` calls; Keras too when it is imported."""
+        global _CURRENT
+        _CURRENT = self
+        rec = self
+
+        def gradient(orig: Callable) -> Callable:
+            def wrapped(tape: Any, target: Any, sources: Any, *a: Any, **k: Any) -> Any:
+                if rec.active:
+                    rec.backwards += 1
+                    rec.guarded("loss", rec._tap, "loss", "loss", _tensors(target))
+                return orig(tape, target, sources, *a, **k)
+            return wrapped
+
+        def call(orig: Callable) -> Callable:
+            def wrapped(fn: Any, *a: Any, **k: Any) -> Any:
+                out = orig(fn, *a, **k)
+                if rec.stop is not None and rec.stop_at_limit and tf.executing_eagerly():
+                    raise rec.stop
+                return out
+            return wrapped
+
+        self._patch(backprop.GradientTape, "gradient", gradient)
+        self._patch(polymorphic_function.Function, "__call__", call)
+        if "keras.src.optimizers.base_optimizer" in sys.modules:
+            try:
+                install_keras(self)
+            except (ImportError, AttributeError):  # Keras is still being imported: its own trigger installs it
+                self._keras = False
+        return self
+
+    def remove(self) -> None:
+        """Undo every wrap (newest first)."""
+        global _CURRENT
+        while self._undo:
+            self._undo.pop()()
+        self._keras = False
+        if _CURRENT is self:
+            _CURRENT = None
+
+    # -- failures --------------------------------------------------------------------------------
+
+    def _internal_error(self, where: str, e: BaseException) -> StopRun:
+        if self.failed is None:
+            self.failed = f"{where}: {type(e).__name__}: {e}"
+            detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
+                      "not your program's: this probe is no evidence either way")
+            self.notes.append(detail)
+            print(f"reprobisect: {detail}", file=sys.stderr)
+            self.done = True
+            self.stop = StopRun("recorder_error", self.step, detail, traceback.format_exc())
+        assert self.stop is not None
+        return self.stop
+
+    def guarded(self, where: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(...)``; its failure is the recorder's own: noted, the run stopped as ``infra``
+        at the next safe point (never raised here: this may run inside a ``tf.py_function``)."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # StopRun / KeyboardInterrupt are BaseExceptions: they pass
+            self._internal_error(where, e)
+            return None
+
+    def raise_if_stopped(self) -> None:
+        if self.stop is not None and self.stop_at_limit and tf.executing_eagerly():
+            raise self.stop
+
+    # -- layers ------------------------------------------------------------------------------
+
+    def layer_call(self, orig: Callable, layer: Any, args: tuple, kwargs: dict) -> Any:
+        if not self.active:
+            return orig(layer, *args, **kwargs)
+        self.raise_if_stopped()
+        top = not self._stack
+        training = tape_record.could_possibly_record() if top else self._stack[-1][1]
+        if not training:
+            self._stack.append((layer, False))
+            try:
+                return orig(layer, *args, **kwargs)
+            finally:
+                self._stack.pop()
+        name = ".".join([str(lay.name) for lay, _ in self._stack[1:]] + [str(layer.name)])
+        eager = tf.executing_eagerly()
+        ins: list[Any] = _tensors((args, kwargs)) if (top or eager) else []
+        if top:
+            self._root(layer, eager)
+            self.guarded("input", self._tap, "input", "input", ins)
+        self._stack.append((layer, True))
+        try:
+            out = orig(layer, *args, **kwargs)
+        finally:
+            self._stack.pop()
+        outs = _tensors(out)
+        if top:
+            self.guarded("output", self._tap, "output", "output", outs, module=type(layer).__name__)
+        elif eager:
+            self.guarded("activation", self._activation, name, layer, ins, outs)
+        return out
+
+    def _root(self, layer: Any, eager: bool) -> None:
+        if self.model_ref is None or self.model_ref() is None:
+            self.model_ref = weakref.ref(layer)
+        mode = "eager" if eager else ("xla" if _in_xla() else "graph")
+        self._modes.add(mode)
+        self.info["mode"] = "+".join(sorted(self._modes))
+        if not eager:
+            self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
+        elif "layer_outputs" not in self.info:
+            self.info["layer_outputs"] = "recorded (eager)"
+
+    def _activation(self, name: str, layer: Any, ins: list[Any], outs: list[Any]) -> None:
+        if self.policy.sentinel or not outs:
+            return
+        call = self._unique(self._occ, "activation", name)
+        inputs = tuple(self._cached_fp(t) for t in ins)
+        cls = type(layer).__name__
+        for i, t in enumerate(outs):
+            self._add_now("activation", call if len(outs) == 1 else f"{call}[{i}]", t, module=cls, inputs=inputs)
+
+    # -- optimizer -------------------------------------------------------------------------------
+
+    def optimizer_apply(self, orig: Callable, opt: Any, grads: Any, variables: Any) -> Any:
+        if not self.active or self._apply_depth:
+            return orig(opt, grads, variables)
+        self.raise_if_stopped()
+        self._apply_depth += 1
+        try:
+            grads = list(grads)
+            variables = list(variables) if variables is not None else None
+            pre = self.guarded("apply", self._before_apply, opt, grads, variables)
+            out = orig(opt, grads, variables)
+            if pre is not None and self.active:
+                self.guarded("apply", self._after_apply, pre)
+        finally:
+            self._apply_depth -= 1
+        self.raise_if_stopped()
+        return out
+
+    def _before_apply(self, opt: Any, grads: list[Any], variables: list[Any] | None) -> _Apply:
+        if variables is None:
+            variables = list(getattr(opt, "_trainable_variables", []) or [])
+        self.optimizer_ref = weakref.ref(opt)
+        names: list[str] = []
+        occ: dict[tuple[str, str], int] = {}
+        for v in variables:
+            names.append(self._unique(occ, "param", _var_name(v)))
+        none_names = [n for n, g in zip(names, grads) if g is None]
+        if none_names:
+            self._warn_none(none_names, len(none_names) == len(names))
+        try:
+            lr = tf.convert_to_tensor(opt.learning_rate)
+        except Exception:
+            lr = None
+        graph = not tf.executing_eagerly()
+        pre = _Apply(opt, variables, names, none_names, lr, graph, grads)
+        if self.step == 0 or graph:
+            self._tap("init", names, [_read(v) for v in variables], step0=True, named=True)
+        have = [(n, g) for n, g in zip(names, grads) if g is not None]
+        self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
+        return pre
+
+    def _warn_none(self, names: list[str], all_none: bool) -> None:
+        new = [n for n in names if n not in self._none_seen]
+        self._none_seen.update(names)
+        self.info["none_gradients"] = {"variables": sorted(self._none_seen),
+                                       "first_step": self.info.get("none_gradients", {}).get("first_step", self.step)}
+        if new:
+            what = "no variable had a gradient" if all_none else f"{len(names)} variable(s) had no gradient"
+            print(f"reprobisect: warning: {what} (None) at step {self.step}: {', '.join(names)} "
+                  "(used outside the tape, a NumPy round trip, or an unused branch?); recorded in the trace",
+                  file=sys.stderr)
+
+    def _after_apply(self, pre: _Apply) -> None:
+        opt_vars = [v for v in getattr(pre.opt, "variables", [])]
+        opt_names: list[str] = []
+        occ: dict[tuple[str, str], int] = {}
+        for v in opt_vars:
+            opt_names.append(self._unique(occ, "optim_state", _var_name(v)))
+        if not pre.graph:
+            self._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr)
+            return
+        if _in_xla():
+            self.info["xla"] = "inside jit_compile: the step is not recorded from the graph"
+            return
+        gs = self._gstate()
+        params = [_read(v) for v in pre.variables]
+        ostate = [_read(v) for v in opt_vars] if not self.policy.sentinel else []
+        lr = [pre.lr] if pre.lr is not None else []
+        n_p = len(params)
+
+        def at_run(*values: Any) -> None:
+            self.guarded("step", self._end_step, pre, list(values[:n_p]), opt_names if ostate else [],
+                         list(values[n_p:n_p + len(ostate)]), values[-1] if lr else None)
+
+        taps, gs["taps"] = gs["taps"], []
+        self._py(at_run, params + ostate + lr, deps=taps)
+
+    # -- the end of a step -------------------------------------------------------------------------
+
+    def _end_step(self, pre: _Apply, params: list[Any], opt_names: list[str], opt_values: list[Any], lr: Any) -> None:
+        if not self.active:
+            return
+        for n, v in zip(pre.names, params):
+            self._add_now("param", n, v)
+        if not self.policy.sentinel:
+            for n, v in zip(opt_names, opt_values):
+                self._add_now("optim_state", n, v)
+        self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names))
+        if self.policy.wants_state(self.step - 1):
+            self._capture_state(self.step - 1, pre.opt, pre.variables)
+        self._check_stop()
+
+    def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0) -> None:
+        """Write the buffered records as step ``self.step`` (chain order) and start the next."""
+        items = sorted(self._items, key=lambda it: (_KIND_RANK[it.rec.kind], it.seq))
+        scalars = self._step_scalars(items, lr, none_names, n_vars)
+        self.writer.begin_step(self.step)
+        for it in items:
+            self.writer.record(it.rec, it.array)
+        self.writer.end_step(scalars, batch_ids=self._batch_ids)
+        self.step += 1
+        self._reset_step()
+
+    def _step_scalars(self, items: list[_Item], lr: Any, none_names: list[str], n_vars: int) -> dict[str, Any]:
+        s: dict[str, Any] = {}
+        losses = [it.rec for it in items if it.rec.kind == "loss"]
+        if losses and all(r.stats is not None and r.shape == () for r in losses):
+            s["loss"] = losses[0].stats["mean"] if len(losses) == 1 else _json_float(
+                math.fsum(r.stat("mean") for r in losses))  # type: ignore[index,misc]
+        norms = [it.rec.stat("norm") for it in items if it.rec.kind == "grad"]
+        if norms and all(n is not None for n in norms):
+            s["grad_norm"] = _json_float(math.sqrt(sum(n * n for n in norms)))  # type: ignore[operator]
+        if lr is not None:
+            a = fptf.host_array(lr)
+            s["lr"] = [_json_float(float(a))] if a.size == 1 else None
+        if none_names:
+            s["none_grad_variables"] = list(none_names)
+            s["no_grad_params"] = list(none_names)
+            if n_vars and len(none_names) == n_vars:
+                s["no_gradients"] = True
+        if self._modes:
+            s["mode"] = "+".join(sorted(self._modes))
+        s.update(self._scalars)
+        bad = next((f"{it.rec.kind} '{it.rec.name}'" for it in items
+                    if it.rec.stats and (it.rec.stats.get("nan") or it.rec.stats.get("inf"))), None)
+        if bad:
+            s["first_nonfinite"] = bad
+            if self.first_nonfinite is None:
+                self.first_nonfinite = (self.step, bad)
+        return s
+
+    def _check_stop(self) -> None:
+        step = self.step - 1
+        if self.first_nonfinite is not None and self.first_nonfinite[0] == step and self.policy.stop_on_nonfinite:
+            self._finish(StopRun("nonfinite", step, f"first non-finite value at step {step}: {self.first_nonfinite[1]}"))
+        elif self.step >= self.policy.steps:
+            self._finish(StopRun("ok", step, f"recorded {self.step} step(s)"))
+
+    def _finish(self, stop: StopRun) -> None:
+        self.done = True
+        self.stop = stop  # raised by the caller's next safe point (raise_if_stopped, a tf.function's return)
+
+    def _capture_state(self, step: int, opt: Any, variables: list[Any]) -> None:
+        try:  # TODO(issue 14 merge): reprobisect.runners.tf_state is helper tfstate's (item 5)
+            from reprobisect.runners.tf_state import capture_state
+        except ImportError:
+            note = f"complete state after step {step} not captured: reprobisect.runners.tf_state is not available"
+            if note not in self.notes:
+                self.notes.append(note)
+            return
+        model = self.model_ref() if self.model_ref is not None else None
+        capture_state(self.writer, step, model=model, variables=variables, optimizer=opt)
+
+    # -- fit -------------------------------------------------------------------------------------
+
+    def before_fit(self, model: Any, args: tuple, kwargs: dict) -> None:
+        """Note the mode, wrap ``train_step`` on the instance, index a NumPy ``x`` by row."""
+        self.model_ref = weakref.ref(model)
+        if os.environ.get("REPROBISECT_TF_EAGER") == "1" and not model.run_eagerly:
+            model.run_eagerly = True
+            self.info["forced_eager"] = "REPROBISECT_TF_EAGER=1: fit ran eagerly (run_eagerly=True) for full detail"
+        self.info["run_eagerly"] = bool(model.run_eagerly)
+        jit = bool(getattr(model, "jit_compile", False)) and not model.run_eagerly
+        self.info["jit_compile"] = jit
+        if not model.run_eagerly:
+            self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
+            if jit:
+                self.info["layer_outputs"] = "not recorded: XLA (jit_compile=True)"
+        x = args[0] if args else kwargs.get("x")
+        self._ids = _RowIndex.of(x)
+        self.info["batch_ids"] = self._ids.why
+        ts = model.__dict__.get("train_step")
+        if ts is None or not getattr(ts, "_reprobisect", False):
+            inner = model.train_step
+            rec = self
+
+            def train_step(data: Any) -> Any:
+                if rec.active:
+                    rec.guarded("batch", rec._batch, data)
+                return inner(data)
+
+            train_step._reprobisect = True  # type: ignore[attr-defined]
+            object.__setattr__(model, "train_step", train_step)
+
+    def _batch(self, data: Any) -> None:
+        ts = _tensors(data)
+        ids = getattr(self, "_ids", None)
+        if ids is not None and ids.index is not None and ts:
+            x = ts[0]
+            if tf.executing_eagerly():
+                self._add_ids(fptf.host_array(x), None)
+            elif not _in_xla():
+                gs = self._gstate()
+                seq = gs["seq"]
+                gs["seq"] += 1
+                gs["taps"] += self._py(lambda v: self.guarded("ids", self._add_ids, fptf.host_array(v), seq), [x])
+        self._tap("batch", "data", ts)
+
+    def _add_ids(self, x: np.ndarray, seq: int | None) -> None:
+        if not self.active:
+            return
+        ids = self._ids.lookup(x)
+        if ids is None:
+            self._scalars["batch_ids"] = "not derivable: a batch row is not in the x given to fit"
+            return
+        self._batch_ids = ids.tolist()
+        self._add_now("batch", self._unique(self._occ, "batch", "ids"), ids, seq=seq)
+
+    # -- the launcher's interface -------------------------------------------------------------------
+
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        return {"tensorflow": dict(self.info)} if self.info else {}
+
+    def finish_manual(self) -> None:
+        """Nothing to finish: every TF step ends at the optimizer's ``apply``."""
+
+    def shutdown_loaders(self) -> None:
+        """No worker processes of ours to stop."""
+
+    def evaluation_after_last_step(self) -> list[dict[str, Any]]:
+        return []
+
+    def no_steps_detail(self) -> str:
+        if self.backwards:
+            return (f"GradientTape.gradient ran {self.backwards} time(s) but no Keras optimizer applied an update; "
+                    "record a loop that updates variables by hand with reprobisect.tensorflow.record(...).step(...)")
+        return "no GradientTape.gradient and no optimizer update ran (does the script train, e.g. call model.fit?)"
+
+
+class _RowIndex:
+    """The rows of the NumPy ``x`` given to ``fit``, by content: batch rows -> sample IDs."""
+
+    def __init__(self, x: np.ndarray | None, why: str) -> None:
+        self.x = x
+        self.why = why
+        self.index: dict[bytes, int] | None = None
+        if x is not None:
+            index: dict[bytes, int] = {}
+            flat = np.ascontiguousarray(x).reshape(len(x), -1)
+            for i in range(len(flat)):
+                index.setdefault(flat[i].tobytes(), i)
+            if len(index) < len(flat):
+                self.why = "not derivable: the rows of x are not unique"
+            else:
+                self.index = index
+
+    @classmethod
+    def of(cls, x: Any) -> "_RowIndex":
+        if isinstance(x, np.ndarray) and x.ndim >= 1 and len(x):
+            if x.nbytes > _MAX_ID_BYTES:
+                return cls(None, f"not derived: x is larger than {_MAX_ID_BYTES >> 20} MiB")
+            return cls(x, "derived: each batch row matched to the row of the NumPy x given to fit (Keras' own order)")
+        kind = type(x).__name__
+        return cls(None, f"not derivable: fit was given a {kind}, not one NumPy array (batch content is recorded)")
+
+    def lookup(self, batch: np.ndarray) -> np.ndarray | None:
+        assert self.index is not None and self.x is not None
+        if batch.dtype != self.x.dtype:
+            batch = batch.astype(self.x.dtype)
+        flat = np.ascontiguousarray(batch).reshape(len(batch), -1)
+        out = np.empty(len(flat), dtype=np.int64)
+        for i in range(len(flat)):
+            j = self.index.get(flat[i].tobytes())
+            if j is None:
+                return None
+            out[i] = j
+        return out
+
+
+def _read(v: Any) -> Any:
+    value = getattr(v, "value", None)
+    if value is not None and not callable(value) and hasattr(value, "read_value"):
+        return value.read_value()
+    if hasattr(v, "read_value"):
+        return v.read_value()
+    return tf.convert_to_tensor(v)
+
+
+def _dense(g: Any) -> Any:
+    if isinstance(g, tf.IndexedSlices):
+        return tf.convert_to_tensor(g)
+    return g
+
+
+def install_keras(rec: TFRecorder) -> None:
+    """Wrap Keras (``Layer.__call__``, the optimizers' ``apply``, ``fit``) for ``rec``; once."""
+    if rec._keras:
+        return
+    from keras.src import backend as kbackend
+
+    if kbackend.backend() != "tensorflow":
+        rec.info["keras"] = (f"Keras backend '{kbackend.backend()}': Keras layers and optimizers are not recorded "
+                             "(only the TensorFlow backend is)")
+        rec._keras = True
+        return
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.layers.layer import Layer
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+    rec._keras = True
+
+    def layer_call(orig: Callable) -> Callable:
+        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            return rec.layer_call(orig, layer, args, kwargs)
+        return __call__
+
+    def apply(orig: Callable) -> Callable:
+        def wrapped(opt: Any, grads: Any, trainable_variables: Any = None) -> Any:
+            return rec.optimizer_apply(orig, opt, grads, trainable_variables)
+        return wrapped
+
+    def fit(orig: Callable) -> Callable:
+        def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if rec.active:
+                rec.guarded("fit", rec.before_fit, model, args, kwargs)
+            return orig(model, *args, **kwargs)
+        return wrapped
+
+    rec._patch(Layer, "__call__", layer_call)
+    rec._patch(BaseOptimizer, "apply", apply)
+    rec._patch(LossScaleOptimizer, "apply", apply)
+    rec._patch(TensorFlowTrainer, "fit", fit)
