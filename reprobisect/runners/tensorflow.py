@@ -223,6 +223,7 @@ class TFRecorder:
         self._keras = False
         self._stack: list[tuple[Any, bool]] = []
         self._apply_depth = 0
+        self._applied = 0  # steps an optimizer's apply ended since the last manual_step
         self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
         self._none_seen: set[str] = set()
         self._modes: set[str] = set()
@@ -549,6 +550,8 @@ class TFRecorder:
         if not self.policy.sentinel:
             for n, v in zip(opt_names, opt_values):
                 self._add_now("optim_state", n, v)
+        if pre.opt is not None:
+            self._applied += 1
         self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names))
         if self.policy.wants_state(self.step - 1):
             self._capture_state(self.step - 1, pre.opt, pre.variables)
@@ -614,6 +617,34 @@ class TFRecorder:
             return
         model = self.model_ref() if self.model_ref is not None else None
         capture_state(self.writer, step, model=model, variables=variables, optimizer=opt)
+
+    # -- an explicit step (reprobisect.tensorflow) ------------------------------------------------
+
+    def manual_step(self, *, loss: Any = None, grads: Any = None, variables: Any = None, lr: Any = None) -> bool:
+        """End a step by hand after an update the recorder cannot see (``v.assign_sub(lr * g)``):
+        ``loss`` unless ``GradientTape.gradient`` recorded one, ``grads`` (aligned with
+        ``variables``; ``None`` entries are findings) and ``variables`` after the update.
+        Returns False, recording nothing, when the recorder is done or an optimizer's
+        ``apply`` already ended a step since the last call."""
+        if not tf.executing_eagerly():
+            raise UsageError("reprobisect.tensorflow: rec.step() records eager values; call it outside tf.function")
+        applied, self._applied = self._applied, 0
+        if not self.active or applied:
+            return False
+        variables = list(variables or [])
+        grads = list(grads) if grads is not None else []
+        occ: dict[tuple[str, str], int] = {}
+        names = [self._unique(occ, "param", _var_name(v)) for v in variables]
+        if loss is not None and not any(it.rec.kind == "loss" for it in self._items):
+            self._tap("loss", "loss", _tensors(loss))
+        none_names = [n for n, g in zip(names, grads) if g is None]
+        if none_names:
+            self._warn_none(none_names, len(none_names) == len(names))
+        have = [(n, g) for n, g in zip(names, grads) if g is not None]
+        self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
+        pre = _Apply(None, variables, names, none_names, lr, False)
+        self._end_step(pre, [_read(v) for v in variables], [], [], lr)
+        return True
 
     # -- fit -------------------------------------------------------------------------------------
 
