@@ -314,8 +314,9 @@ def test_runs_over_a_keras_history_names_the_commit_and_the_layer(tmp_path):
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads(p.stdout)
     assert out["first_bad"]["hash"] == culprit
-    div = out["divergence"]
-    assert (div["step"], div["kind"], div["name"]) == (0, "activation", "layer_norm")
+    first = out["divergence"]["first"]
+    assert (first["step"], first["kind"], first["name"], first["module"]) == (0, "activation", "layer_norm",
+                                                                             "LayerNormalization")
 
 
 # --------------------------------------------------------------------------- the explicit API
