@@ -185,6 +185,7 @@ def fit(tmp_path_factory):
         "eager": ("--eager", "1"),
         "epsilon": ("--eager", "1", "--epsilon", "0.1"),
         "graph": (),
+        "xla": ("--jit", "1"),
     }
     return {k: (d / k, _launch(d / k, CORPUS / "keras_fit.py", *a)) for k, a in runs.items()}
 
@@ -230,6 +231,21 @@ def test_fit_graph_mode_records_all_but_layer_outputs_and_says_so(fit):
     e0 = {(r.kind, r.name): r.fingerprint for r in eager.steps[0].records}
     assert g0[("batch", "ids")] == e0[("batch", "ids")] and g0[("input", "input")] == e0[("input", "input")]
     assert {k for k in g0 if k[0] == "init"} == {k for k in e0 if k[0] == "init"}
+
+
+@pytest.mark.slow
+def test_fit_under_xla_records_variables_from_a_callback_and_says_what_is_missing(fit):
+    trace, p = fit["xla"]
+    _ok(p)
+    t = read_trace(trace)
+    tfx = t.manifest.extra["tensorflow"]
+    assert tfx["mode"] == "xla" and tfx["jit_compile"] is True
+    assert tfx["layer_outputs"] == "not recorded: XLA (jit_compile=True)" and "not recorded" in tfx["xla"]
+    assert t.manifest.steps == 2
+    assert {r.kind for r in t.steps[0].records} == {"init", "param", "optim_state"}
+    eager = read_trace(fit["eager"][0])
+    init = lambda tr: {r.name: r.fingerprint for r in tr.steps[0].records if r.kind == "init"}  # noqa: E731
+    assert init(t) == init(eager)  # the same initial variables, whatever the mode
 
 
 @pytest.mark.slow

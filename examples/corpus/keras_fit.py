@@ -6,7 +6,7 @@ head; Adam; ``fit`` on NumPy arrays with ``shuffle`` and a ``validation_split``,
 ``--seed none`` (no global seed: the shuffle order is unseeded; initializers and dropout
 keep their own seeds), ``--dropout-seed none`` (dropout draws from the global generator),
 ``--epsilon`` (the LayerNormalization's), ``--eager 1`` (``run_eagerly=True``),
-``--functional 1`` (the same model, functional API), ``--shuffle 0``, ``--steps`` (batches per epoch).
+``--functional 1`` (the same model, functional API), ``--shuffle 0``, ``--jit 1`` (XLA), ``--steps`` (batches per epoch).
 """
 
 import argparse
@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--shuffle", type=int, default=1)
+    p.add_argument("--jit", type=int, default=0)
     args = p.parse_args()
     if args.seed != "none":
         keras.utils.set_random_seed(int(args.seed))
@@ -57,7 +58,8 @@ def main() -> None:
     x = data.normal(size=(n, 6)).astype("float32") * 3 + 1
     y = (x @ data.normal(size=(6, 1)) + 0.1 * data.normal(size=(n, 1))).astype("float32")
     model = build(args, x)
-    model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="mse", run_eagerly=bool(args.eager))
+    model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="mse", run_eagerly=bool(args.eager),
+                  jit_compile=bool(args.jit) if args.jit else "auto")
     hist = model.fit(x, y, batch_size=args.batch_size, epochs=2, shuffle=bool(args.shuffle), validation_split=0.2, verbose=0)
     print("loss", hist.history["loss"][-1])
 

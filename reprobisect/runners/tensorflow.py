@@ -82,6 +82,7 @@ __all__ = ["RecordPolicy", "StopRun", "TFRecorder", "current", "install_keras"]
 
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
 _MAX_ID_BYTES = 256 << 20  # the NumPy x of fit indexed by row content up to this size
+_XLA_LAYERS = "not recorded: XLA (jit_compile=True)"
 _GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
 
 
@@ -153,6 +154,7 @@ class _Apply:
 
 
 _CURRENT: "TFRecorder | None" = None
+_XLA_CALLBACK: Any = None  # the Keras callback class of an XLA fit (made when Keras is wrapped)
 
 
 def current() -> "TFRecorder | None":
@@ -311,6 +313,8 @@ class TFRecorder:
                 self._add_now(kind, self._unique(self._occ, kind, b), t, module=module)
             return
         if _in_xla():
+            if kind == "init":  # an XLA fit records it from its callback
+                return
             self.info.setdefault("not_recorded_under_xla", [])
             if kind not in self.info["not_recorded_under_xla"]:
                 self.info["not_recorded_under_xla"].append(kind)
@@ -448,7 +452,9 @@ class TFRecorder:
         mode = "eager" if eager else ("xla" if _in_xla() else "graph")
         self._modes.add(mode)
         self.info["mode"] = "+".join(sorted(self._modes))
-        if not eager:
+        if mode == "xla":
+            self.info["layer_outputs"] = _XLA_LAYERS
+        elif not eager:
             self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
         elif "layer_outputs" not in self.info:
             self.info["layer_outputs"] = "recorded (eager)"
@@ -525,7 +531,8 @@ class TFRecorder:
             self._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr)
             return
         if _in_xla():
-            self.info["xla"] = "inside jit_compile: the step is not recorded from the graph"
+            self.info.setdefault("xla", "inside an XLA-compiled function (jit_compile=True) the step is not recorded; "
+                                        "run it without jit_compile, or record it with reprobisect.tensorflow.record")
             return
         gs = self._gstate()
         params = [_read(v) for v in pre.variables]
@@ -659,11 +666,11 @@ class TFRecorder:
         self.info["jit_compile"] = jit
         if not model.run_eagerly:
             self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
-            if jit:
-                self.info["layer_outputs"] = "not recorded: XLA (jit_compile=True)"
         x = args[0] if args else kwargs.get("x")
         self._ids = _RowIndex.of(x)
         self.info["batch_ids"] = self._ids.why
+        if jit:
+            self._xla_fit(model, args, kwargs)
         ts = model.__dict__.get("train_step")
         if ts is None or not getattr(ts, "_reprobisect", False):
             inner = model.train_step
@@ -676,6 +683,37 @@ class TFRecorder:
 
             train_step._reprobisect = True  # type: ignore[attr-defined]
             object.__setattr__(model, "train_step", train_step)
+
+    def _xla_fit(self, model: Any, args: tuple, kwargs: dict) -> None:
+        """``fit`` under XLA: no tap can run inside the compiled step; a callback records the
+        variables after each step, the optimizer variables and the learning rate instead."""
+        self.info["layer_outputs"] = _XLA_LAYERS
+        self.info["batch_ids"] = "not recorded: XLA (jit_compile=True)"
+        self.info["xla"] = ("jit_compile=True: batch, input, output, loss and gradients are not recorded (no tap runs "
+                            "inside an XLA-compiled step); the variables before the first step and after each step, "
+                            "optimizer variables and the learning rate (as after the step) are, from a callback")
+        if len(args) > 5:  # callbacks given by position: leave the call alone
+            self.info["xla"] = "jit_compile=True and callbacks given by position: steps are not recorded"
+            return
+        callbacks = list(kwargs.get("callbacks") or [])
+        callbacks.append(_XLA_CALLBACK(self, model))
+        kwargs["callbacks"] = callbacks
+
+    def xla_batch_end(self, model: Any) -> None:
+        """A training batch of an XLA ``fit`` ended (``_XLA_CALLBACK``): record it as a step."""
+        if not self.active:
+            return
+        opt = model.optimizer
+        variables = list(model.trainable_variables)
+        occ: dict[tuple[str, str], int] = {}
+        names = [self._unique(occ, "param", _var_name(v)) for v in variables]
+        opt_vars = list(getattr(opt, "variables", []))
+        occ = {}
+        opt_names = [self._unique(occ, "optim_state", _var_name(v)) for v in opt_vars]
+        self._modes.add("xla")
+        self.info["mode"] = "+".join(sorted(self._modes))
+        pre = _Apply(opt, variables, names, [], tf.convert_to_tensor(opt.learning_rate), False)
+        self._end_step(pre, [_read(v) for v in variables], opt_names, [_read(v) for v in opt_vars], pre.lr)
 
     def _batch(self, data: Any) -> None:
         ts = _tensors(data)
@@ -795,6 +833,26 @@ def install_keras(rec: TFRecorder) -> None:
     from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     rec._keras = True
+    global _XLA_CALLBACK
+    from keras.src.callbacks.callback import Callback
+
+    class _XlaSteps(Callback):
+        def __init__(self, recorder: TFRecorder, model: Any) -> None:
+            super().__init__()
+            self.recorder, self.fit_model = recorder, model
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            rec, model = self.recorder, self.fit_model
+            if rec.active and rec.step == 0:
+                vs = list(model.trainable_variables)
+                rec.guarded("xla init", rec._tap, "init", [_var_name(v) for v in vs], [_read(v) for v in vs],
+                            named=True)
+
+        def on_train_batch_end(self, batch: Any, logs: Any = None) -> None:
+            self.recorder.guarded("xla step", self.recorder.xla_batch_end, self.fit_model)
+            self.recorder.raise_if_stopped()
+
+    _XLA_CALLBACK = _XlaSteps
 
     def layer_call(orig: Callable) -> Callable:
         def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
