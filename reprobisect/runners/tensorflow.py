@@ -63,7 +63,7 @@ import os
 import sys
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -150,7 +150,7 @@ class _Apply:
     none_names: list[str]
     lr: Any
     graph: bool
-    grads: list[Any] = field(default_factory=list)
+    gnorm: Any = None  # sentinel detail: the gradients' total norm (no per-gradient records)
 
 
 _CURRENT: "TFRecorder | None" = None
@@ -240,6 +240,8 @@ class TFRecorder:
         self._fp_cache: dict[int, tuple[Any, str]] = {}
         self._batch_ids: list[int] | None = None
         self._scalars: dict[str, Any] = {}
+        self._forward = 0  # input/activation/output records this step
+        self._dropped = 0  # ... past policy.max_records_per_step: counted, not recorded
 
     @property
     def active(self) -> bool:
@@ -263,6 +265,11 @@ class TFRecorder:
         """Fingerprint the eager tensor ``t`` now and buffer its record; returns the fingerprint."""
         if self.policy.sentinel and kind not in SENTINEL_KINDS:
             return ""
+        if kind in ("input", "activation", "output"):
+            self._forward += 1
+            if self._forward > self.policy.max_records_per_step:
+                self._dropped += 1
+                return ""
         fp, st, a = self._fp(t)
         if not isinstance(t, np.ndarray):
             self._fp_cache[id(t)] = (t, fp)
@@ -503,11 +510,13 @@ class TFRecorder:
         except Exception:
             lr = None
         graph = not tf.executing_eagerly()
-        pre = _Apply(opt, variables, names, none_names, lr, graph, grads)
+        pre = _Apply(opt, variables, names, none_names, lr, graph)
         if self.step == 0 or graph:
             self._tap("init", names, [_read(v) for v in variables], step0=True, named=True)
         have = [(n, g) for n, g in zip(names, grads) if g is not None]
         self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
+        if self.policy.sentinel and have:
+            pre.gnorm = _total_norm([_dense(g) for _, g in have])
         return pre
 
     def _warn_none(self, names: list[str], all_none: bool) -> None:
@@ -528,7 +537,8 @@ class TFRecorder:
         for v in opt_vars:
             opt_names.append(self._unique(occ, "optim_state", _var_name(v)))
         if not pre.graph:
-            self._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr)
+            self._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr,
+                           pre.gnorm)
             return
         if _in_xla():
             self.info.setdefault("xla", "inside an XLA-compiled function (jit_compile=True) the step is not recorded; "
@@ -537,19 +547,23 @@ class TFRecorder:
         gs = self._gstate()
         params = [_read(v) for v in pre.variables]
         ostate = [_read(v) for v in opt_vars] if not self.policy.sentinel else []
-        lr = [pre.lr] if pre.lr is not None else []
-        n_p = len(params)
+        scalars = [x for x in (pre.lr, pre.gnorm) if x is not None]
+        n_p, n_o = len(params), len(ostate)
 
         def at_run(*values: Any) -> None:
+            rest = iter(values[n_p + n_o:])
+            lr = next(rest) if pre.lr is not None else None
+            gnorm = next(rest) if pre.gnorm is not None else None
             self.guarded("step", self._end_step, pre, list(values[:n_p]), opt_names if ostate else [],
-                         list(values[n_p:n_p + len(ostate)]), values[-1] if lr else None)
+                         list(values[n_p:n_p + n_o]), lr, gnorm)
 
         taps, gs["taps"] = gs["taps"], []
-        self._py(at_run, params + ostate + lr, deps=taps)
+        self._py(at_run, params + ostate + scalars, deps=taps)
 
     # -- the end of a step -------------------------------------------------------------------------
 
-    def _end_step(self, pre: _Apply, params: list[Any], opt_names: list[str], opt_values: list[Any], lr: Any) -> None:
+    def _end_step(self, pre: _Apply, params: list[Any], opt_names: list[str], opt_values: list[Any], lr: Any,
+                  gnorm: Any = None) -> None:
         if not self.active:
             return
         for n, v in zip(pre.names, params):
@@ -559,15 +573,20 @@ class TFRecorder:
                 self._add_now("optim_state", n, v)
         if pre.opt is not None:
             self._applied += 1
-        self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names))
+        self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names), gnorm=gnorm)
         if self.policy.wants_state(self.step - 1):
             self._capture_state(self.step - 1, pre.opt, pre.variables)
         self._check_stop()
 
-    def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0) -> None:
+    def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0, gnorm: Any = None) -> None:
         """Write the buffered records as step ``self.step`` (chain order) and start the next."""
         items = sorted(self._items, key=lambda it: (_KIND_RANK[it.rec.kind], it.seq))
         scalars = self._step_scalars(items, lr, none_names, n_vars)
+        if gnorm is not None and "grad_norm" not in scalars:
+            scalars["grad_norm"] = _json_float(float(fptf.host_array(gnorm)))
+        if self._dropped:
+            scalars["records_dropped"] = self._dropped
+            scalars["max_records_per_step"] = self.policy.max_records_per_step
         self.writer.begin_step(self.step)
         for it in items:
             self.writer.record(it.rec, it.array)
@@ -623,7 +642,7 @@ class TFRecorder:
                 self.notes.append(note)
             return
         model = self.model_ref() if self.model_ref is not None else None
-        capture_state(self.writer, step, model=model, variables=variables, optimizer=opt)
+        capture_state(self.writer, step, model=model, variables=variables if model is None else None, optimizer=opt)
 
     # -- an explicit step (reprobisect.tensorflow) ------------------------------------------------
 
@@ -650,7 +669,9 @@ class TFRecorder:
         have = [(n, g) for n, g in zip(names, grads) if g is not None]
         self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
         pre = _Apply(None, variables, names, none_names, lr, False)
-        self._end_step(pre, [_read(v) for v in variables], [], [], lr)
+        if self.policy.sentinel and have:
+            pre.gnorm = _total_norm([_dense(g) for _, g in have])
+        self._end_step(pre, [_read(v) for v in variables], [], [], lr, pre.gnorm)
         return True
 
     # -- fit -------------------------------------------------------------------------------------
@@ -808,6 +829,11 @@ def _read(v: Any) -> Any:
     if hasattr(v, "read_value"):
         return v.read_value()
     return tf.convert_to_tensor(v)
+
+
+def _total_norm(grads: list[Any]) -> Any:
+    """The gradients' total 2-norm, accumulated in float64."""
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads]))
 
 
 def _dense(g: Any) -> Any:
