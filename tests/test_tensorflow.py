@@ -99,6 +99,7 @@ _FP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_fingerprints_of_tf_tensors_equal_numpy_and_torch():
     p = subprocess.run([PYTHON, "-c", _FP_SCRIPT], capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
     _ok(p)
@@ -127,11 +128,14 @@ def tape(tmp_path_factory):
             opt.zero_grad(); m(torch.randn(4, 3)).sum().backward(); opt.step()
         print("frameworks loaded:", ",".join(x for x in ("tensorflow", "keras", "torch") if x in sys.modules))
     """))
+    idle_script = d / "idle.py"
+    idle_script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
     return {
         "graph": (d / "graph", _launch(d / "graph", CORPUS / "tf_tape.py", "--sever", "1", "--function", "1",
                                        "--steps", "2", steps=5)),
         "eager": (d / "eager", _launch(d / "eager", CORPUS / "tf_tape.py", "--sever", "1", "--steps", "2", steps=5)),
         "torch": (d / "torch", _launch(d / "torch", torch_script, steps=5)),
+        "idle": (d / "idle", _launch(d / "idle", idle_script)),
     }
 
 
@@ -142,6 +146,14 @@ def test_a_tf_script_never_imports_torch_and_a_torch_script_never_tf(tape):
         _ok(p)
         assert f"frameworks loaded: {want}\n" in p.stdout, (key, p.stdout)
         assert read_trace(trace).manifest.steps == 2
+
+
+@pytest.mark.slow
+def test_a_tf_script_that_never_trains_is_no_steps_with_a_tf_hint(tape):
+    trace, p = tape["idle"]
+    assert p.returncode == 6, p.stderr[-3000:]  # no_steps
+    outcome = read_trace(trace, allow_incomplete=True).manifest.outcome
+    assert outcome["status"] == "no_steps" and "no GradientTape.gradient and no optimizer update" in outcome["detail"]
 
 
 @pytest.mark.slow
@@ -164,6 +176,9 @@ def test_severed_variable_is_named_and_the_run_continues(tape, mode):
         kinds = [r.kind for r in s.records]
         assert kinds == sorted(kinds, key=["init", "batch", "input", "activation", "output", "loss", "grad", "param",
                                            "optim_state"].index)
+    plain = _plain(CORPUS / "tf_tape.py", "--sever", "1", "--steps", "2", *(["--function", "1"] if mode == "graph" else []))
+    assert [x for x in p.stdout.splitlines() if x.startswith("loss ")] == \
+        [x for x in plain.stdout.splitlines() if x.startswith("loss ")]  # recording changed no numerics
     acts = [r for r in t.steps[0].records if r.kind == "activation"]
     if mode == "eager":
         assert [(r.name, r.module) for r in acts] == [("dense_in", "Dense"), ("logit", "Dense")]
@@ -188,6 +203,26 @@ def fit(tmp_path_factory):
         "xla": ("--jit", "1"),
     }
     return {k: (d / k, _launch(d / k, CORPUS / "keras_fit.py", *a)) for k, a in runs.items()}
+
+
+def _plain(script: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(script), *args], capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT,
+                          env=_env())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eager", ["0", "1"])
+def test_recording_changes_no_numerics_of_a_whole_fit(tmp_path, eager):
+    """Observers observe: a fit that ends by itself under the recorder (8 steps, --steps 20)
+    ends with the same loss, to the bit, as the plain script (graph mode: with its taps)."""
+    args = ("--eager", eager)
+    rec = _launch(tmp_path / "t", CORPUS / "keras_fit.py", *args, steps=20)
+    _ok(rec)
+    plain = _plain(CORPUS / "keras_fit.py", *args)
+    _ok(plain)
+    loss = [line for line in rec.stdout.splitlines() if line.startswith("loss ")]
+    assert loss and loss == [line for line in plain.stdout.splitlines() if line.startswith("loss ")]
+    assert read_trace(tmp_path / "t").manifest.steps == 8
 
 
 @pytest.mark.slow

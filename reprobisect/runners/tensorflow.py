@@ -51,6 +51,12 @@ optimizer variables from a callback, and says what is missing. ``REPROBISECT_TF_
 makes ``fit`` run eagerly (``run_eagerly=True``) for full detail; this can change numerics
 and is recorded (``extra.tensorflow.forced_eager``); by default the user's mode is kept.
 
+Detail: ``full`` records all of the above; ``sentinel`` only ``init``, ``batch``, ``loss``,
+``param`` and the scalars (``grad_norm`` then comes from one float64 norm over the gradients,
+computed beside them). At most ``policy.max_records_per_step`` input/activation/output
+records a step; the rest are counted (``scalars.records_dropped``). Complete state after
+the policy's state steps: ``reprobisect.runners.tf_state.capture_state``.
+
 Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
 eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
 function or the script's own).
