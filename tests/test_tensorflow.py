@@ -187,7 +187,12 @@ def test_severed_variable_is_named_and_the_run_continues(tape, mode):
     eager, graph = (read_trace(tape[m][0]) for m in ("eager", "graph"))
     # the same loop in both modes: same batches in, same loss out of step 0
     first = {m: {(r.kind, r.name): r.fingerprint for r in tr.steps[0].records} for m, tr in (("e", eager), ("g", graph))}
-    assert first["e"][("input", "input")] == first["g"][("input", "input")]
+    assert first["e"][("input", "input")] == first["g"][("input", "input")] == first["e"][("batch", "data[0]")]
+    # the tf.data pipeline (from_tensor_slices -> shuffle -> batch) traced back to its rows, in both modes
+    assert t.manifest.extra["tensorflow"]["batch_ids"].startswith("derived")
+    ids = [s.batch_ids for s in t.steps]
+    assert ids == [s.batch_ids for s in eager.steps] == [s.batch_ids for s in graph.steps]
+    assert all(len(b) == 16 and len(set(b)) == 16 and all(0 <= i < 64 for i in b) for b in ids)
 
 
 # --------------------------------------------------------------------------- Keras fit

@@ -13,10 +13,15 @@ variables after it. What is observed, and how (class-level wraps, undone by ``re
   an overridden ``train_step`` is covered too); its ``data`` gives ``data[i]`` records
   (every tensor of the batch). ``ids`` (int64 sample indices): when ``x`` given to ``fit``
   is one NumPy array whose rows are unique, each batch row is found in it by content, so
-  the IDs are Keras' own order (with ``shuffle``) whatever its shuffling does; otherwise
-  (a ``tf.data.Dataset``, a generator, repeated rows, several inputs) the IDs are not
-  derivable and the manifest says so (``extra.tensorflow.batch_ids``). A custom
-  ``GradientTape`` loop has no ``batch`` records (its batch shows at ``input``).
+  the IDs are Keras' own order (with ``shuffle``) whatever its shuffling does. The same for
+  a ``tf.data`` pipeline traced back to ``from_tensor_slices`` through shuffle / batch /
+  repeat / prefetch / take / skip / cache (its first component's rows). Otherwise (a
+  ``map``, a generator, repeated rows, several inputs) the IDs are not derivable and the
+  manifest says so (``extra.tensorflow.batch_ids``); the batch content is recorded anyway.
+  A custom loop's batches: ``next()`` on a ``tf.data`` iterator (``for xb, yb in ds``) is
+  wrapped; a drawn batch waits for the training forward that uses it (eager), or for the
+  step's end (the last one drawn, when the step ran in a graph); a forward with no tape
+  (evaluation) drops the waiting batches.
 - ``input`` / ``activation`` / ``output``: ``keras.layers.Layer.__call__`` is wrapped. A
   layer called with no layer on the call stack while a ``GradientTape`` is recording is the
   training root: its tensor arguments are ``input``, its result ``output``; every layer it
@@ -74,6 +79,7 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.data.ops import iterator_ops
 from tensorflow.python.eager import backprop, record as tape_record
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.framework import ops as tf_ops
@@ -87,7 +93,9 @@ from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS, KINDS, SENTIN
 __all__ = ["RecordPolicy", "StopRun", "TFRecorder", "current", "install_keras"]
 
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
-_MAX_ID_BYTES = 256 << 20  # the NumPy x of fit indexed by row content up to this size
+_MAX_ID_BYTES = 256 << 20  # the rows of a batch source indexed by content up to this size
+_ROW_KEEPING = {f"{n}Dataset" for n in ("Batch", "Shuffle", "Prefetch", "Repeat", "Take", "Skip", "Cache", "Options",
+                                        "ParallelBatch")}  # tf.data steps that keep rows as they are
 _XLA_LAYERS = "not recorded: XLA (jit_compile=True)"
 _GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
 
@@ -231,6 +239,9 @@ class TFRecorder:
         self._keras = False
         self._stack: list[tuple[Any, bool]] = []
         self._apply_depth = 0
+        self._in_fit = 0  # inside model.fit: its batches come from train_step, not next()
+        self._pending: list[tuple[Any, Any]] = []  # batches drawn by a custom loop, not yet used
+        self._loop_index: dict[int, tuple[Any, Any]] = {}
         self._applied = 0  # steps an optimizer's apply ended since the last manual_step
         self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
         self._none_seen: set[str] = set()
@@ -382,7 +393,16 @@ class TFRecorder:
                 return out
             return wrapped
 
+        def next_batch(orig: Callable) -> Callable:
+            def wrapped(it: Any) -> Any:
+                out = orig(it)
+                if rec.active and tf.executing_eagerly():
+                    rec.guarded("batch", rec.loop_batch, it, out)
+                return out
+            return wrapped
+
         self._patch(backprop.GradientTape, "gradient", gradient)
+        self._patch(iterator_ops.OwnedIterator, "__next__", next_batch)
         self._patch(polymorphic_function.Function, "__call__", call)
         if "keras.src.optimizers.base_optimizer" in sys.modules:
             try:
@@ -435,6 +455,8 @@ class TFRecorder:
         self.raise_if_stopped()
         top = not self._stack
         training = tape_record.could_possibly_record() if top else self._stack[-1][1]
+        if top and tf.executing_eagerly() and self._pending and not training:
+            self._pending.clear()  # drawn for an evaluation forward
         if not training:
             self._stack.append((layer, False))
             try:
@@ -446,6 +468,8 @@ class TFRecorder:
         ins: list[Any] = _tensors((args, kwargs)) if (top or eager) else []
         if top:
             self._root(layer, eager)
+            if eager and self._pending:
+                self.guarded("batch", self.claim_batches)
             self.guarded("input", self._tap, "input", "input", ins)
         self._stack.append((layer, True))
         try:
@@ -572,6 +596,8 @@ class TFRecorder:
                   gnorm: Any = None) -> None:
         if not self.active:
             return
+        if self._pending and not any(it.rec.kind == "batch" for it in self._items):
+            self.claim_batches(last_only=True)
         for n, v in zip(pre.names, params):
             self._add_now("param", n, v)
         if not self.policy.sentinel:
@@ -748,23 +774,49 @@ class TFRecorder:
         if ids is not None and ids.index is not None and ts:
             x = ts[0]
             if tf.executing_eagerly():
-                self._add_ids(fptf.host_array(x), None)
+                self._add_ids(fptf.host_array(x), None, ids)
             elif not _in_xla():
                 gs = self._gstate()
                 seq = gs["seq"]
                 gs["seq"] += 1
-                gs["taps"] += self._py(lambda v: self.guarded("ids", self._add_ids, fptf.host_array(v), seq), [x])
+                gs["taps"] += self._py(lambda v: self.guarded("ids", self._add_ids, fptf.host_array(v), seq, ids), [x])
         self._tap("batch", "data", ts)
 
-    def _add_ids(self, x: np.ndarray, seq: int | None) -> None:
+    def _add_ids(self, x: np.ndarray, seq: int | None, index: "_RowIndex") -> None:
         if not self.active:
             return
-        ids = self._ids.lookup(x)
+        ids = index.lookup(x)
         if ids is None:
-            self._scalars["batch_ids"] = "not derivable: a batch row is not in the x given to fit"
+            self._scalars["batch_ids"] = "not derivable: a batch row is not among the source's rows"
             return
         self._batch_ids = ids.tolist()
         self._add_now("batch", self._unique(self._occ, "batch", "ids"), ids, seq=seq)
+
+    # -- batches of a custom loop (tf.data iterators) ------------------------------------------------
+
+    def loop_batch(self, it: Any, out: Any) -> None:
+        """An eager ``next()`` on a ``tf.data`` iterator outside ``fit``: the batch waits for the
+        training forward that uses it (an evaluation forward drops it)."""
+        if self._in_fit or not self.active:
+            return
+        ds = getattr(it, "_dataset", None)
+        hit = self._loop_index.get(id(it))
+        if hit is None or hit[0]() is not it:
+            hit = (weakref.ref(it), _RowIndex.of(ds))
+            self._loop_index[id(it)] = hit
+        self._pending.append((out, hit[1]))
+        del self._pending[:-16]
+
+    def claim_batches(self, last_only: bool = False) -> None:
+        """Record the waiting batches as this step's ``batch`` records (``last_only``: the one
+        drawn last, for a step whose forward ran in a graph, unseen in Python)."""
+        pending, self._pending = (self._pending[-1:] if last_only else self._pending), []
+        for out, index in pending:
+            ts = _tensors(out)
+            self.info["batch_ids"] = index.why
+            if index.index is not None and ts:
+                self._add_ids(fptf.host_array(ts[0]), None, index)
+            self._tap("batch", "data", ts)
 
     # -- the launcher's interface -------------------------------------------------------------------
 
@@ -811,8 +863,34 @@ class _RowIndex:
             if x.nbytes > _MAX_ID_BYTES:
                 return cls(None, f"not derived: x is larger than {_MAX_ID_BYTES >> 20} MiB")
             return cls(x, "derived: each batch row matched to the row of the NumPy x given to fit (Keras' own order)")
+        if x is not None and hasattr(x, "_variant_tensor"):  # a tf.data.Dataset
+            return cls._of_dataset(x)
         kind = type(x).__name__
         return cls(None, f"not derivable: fit was given a {kind}, not one NumPy array (batch content is recorded)")
+
+    @classmethod
+    def _of_dataset(cls, ds: Any) -> "_RowIndex":
+        """Trace ``from_tensor_slices(...)`` through shuffle/batch/repeat/prefetch/take/skip/cache
+        back to its first component: the rows a batch is matched against."""
+        d = ds
+        for _ in range(64):
+            name = type(d).__name__.lstrip("_")
+            if name == "TensorSliceDataset":
+                try:
+                    x = fptf.host_array(d._tensors[0])
+                except Exception:
+                    break
+                if x.ndim < 1 or x.nbytes > _MAX_ID_BYTES:
+                    break
+                return cls(x, "derived: each batch row matched to the row of the tf.data.Dataset.from_tensor_slices "
+                              "source (the pipeline's own order)")
+            if name not in _ROW_KEEPING or getattr(d, "_input_dataset", None) is None:
+                return cls(None, f"not derivable: the tf.data pipeline has a {name} (IDs are traced through "
+                                 "from_tensor_slices + shuffle/batch/repeat/prefetch/take/skip/cache only; "
+                                 "batch content is recorded)")
+            d = d._input_dataset
+        return cls(None, "not derivable: the tf.data pipeline could not be traced back to its rows "
+                         "(batch content is recorded)")
 
     def lookup(self, batch: np.ndarray) -> np.ndarray | None:
         assert self.index is not None and self.x is not None
@@ -900,7 +978,11 @@ def install_keras(rec: TFRecorder) -> None:
         def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
             if rec.active:
                 rec.guarded("fit", rec.before_fit, model, args, kwargs)
-            return orig(model, *args, **kwargs)
+            rec._in_fit += 1
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                rec._in_fit -= 1
         return wrapped
 
     rec._patch(Layer, "__call__", layer_call)
