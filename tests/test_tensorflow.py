@@ -228,6 +228,7 @@ def test_recording_changes_no_numerics_of_a_whole_fit(tmp_path, eager):
     loss = [line for line in rec.stdout.splitlines() if line.startswith("loss ")]
     assert loss and loss == [line for line in plain.stdout.splitlines() if line.startswith("loss ")]
     assert read_trace(tmp_path / "t").manifest.steps == 8
+    assert "frameworks loaded: tensorflow,keras\n" in rec.stdout  # a Keras script never imports torch
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ keep their own seeds), ``--dropout-seed none`` (dropout draws from the global ge
 """
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -62,6 +63,7 @@ def main() -> None:
                   jit_compile=bool(args.jit) if args.jit else "auto")
     hist = model.fit(x, y, batch_size=args.batch_size, epochs=2, shuffle=bool(args.shuffle), validation_split=0.2, verbose=0)
     print("loss", hist.history["loss"][-1])
+    print("frameworks loaded:", ",".join(m for m in ("tensorflow", "keras", "torch") if m in sys.modules))
 
 
 if __name__ == "__main__":
