@@ -207,7 +207,9 @@ def fit(tmp_path_factory):
         "graph": (),
         "xla": ("--jit", "1"),
     }
-    return {k: (d / k, _launch(d / k, CORPUS / "keras_fit.py", *a)) for k, a in runs.items()}
+    out = {k: (d / k, _launch(d / k, CORPUS / "keras_fit.py", *a)) for k, a in runs.items()}
+    out["forced"] = (d / "forced", _launch(d / "forced", CORPUS / "keras_fit.py", extra_env={"REPROBISECT_TF_EAGER": "1"}))
+    return out
 
 
 def _plain(script: Path, *args: str) -> subprocess.CompletedProcess:
@@ -272,6 +274,18 @@ def test_fit_graph_mode_records_all_but_layer_outputs_and_says_so(fit):
     e0 = {(r.kind, r.name): r.fingerprint for r in eager.steps[0].records}
     assert g0[("batch", "ids")] == e0[("batch", "ids")] and g0[("input", "input")] == e0[("input", "input")]
     assert {k for k in g0 if k[0] == "init"} == {k for k in e0 if k[0] == "init"}
+
+
+@pytest.mark.slow
+def test_forced_eager_gives_full_detail_and_says_so(fit):
+    trace, p = fit["forced"]
+    _ok(p)
+    t = read_trace(trace)
+    tfx = t.manifest.extra["tensorflow"]
+    assert tfx["mode"] == "eager" and "REPROBISECT_TF_EAGER=1" in tfx["forced_eager"]
+    p = _bisect("compare", str(fit["eager"][0]), str(trace), "--json", cwd=ROOT)
+    out = json.loads(p.stdout)
+    assert out["verdict"] == "agree" and out["first"] is None, p.stdout[-2000:]  # the same as run_eagerly=True
 
 
 @pytest.mark.slow
