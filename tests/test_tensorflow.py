@@ -167,6 +167,7 @@ def test_severed_variable_is_named_and_the_run_continues(tape, mode):
     t = read_trace(trace)
     assert t.manifest.extra["tensorflow"]["none_gradients"] == {"variables": ["severed_scale"], "first_step": 0}
     assert t.manifest.extra["tensorflow"]["mode"] == mode
+    assert t.manifest.seed == 0 and t.manifest.extra["seed_source"] == "tf.random.set_seed"  # the script's own
     for s in t.steps:
         assert s.scalars["none_grad_variables"] == ["severed_scale"]
         grads = [r.name for r in s.records if r.kind == "grad"]

@@ -395,7 +395,7 @@ class _Run:
                 extra["eval_after_last_step"] = tail
             if seed is None and self.recorder.seed is not None:
                 seed = self.recorder.seed  # the script's own torch.manual_seed / seed_everything
-                extra["seed_source"] = "torch.manual_seed"
+                extra["seed_source"] = getattr(self.recorder, "seed_source", "torch.manual_seed")
         outcome = Outcome(
             outcome.status,
             detail=outcome.detail,

@@ -80,7 +80,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import iterator_ops
-from tensorflow.python.eager import backprop, record as tape_record
+from tensorflow.python.eager import backprop, context, record as tape_record
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
@@ -230,7 +230,6 @@ class TFRecorder:
         self.first_nonfinite: tuple[int, str] | None = None
         self.failed: str | None = None
         self.environment_extra: dict[str, Any] = {}
-        self.seed: Any = None
         self.backwards = 0  # GradientTape.gradient calls seen
         self.info: dict[str, Any] = {}  # the manifest's extra.tensorflow
         self.model_ref: "weakref.ref | None" = None
@@ -819,6 +818,17 @@ class TFRecorder:
             self._tap("batch", "data", ts)
 
     # -- the launcher's interface -------------------------------------------------------------------
+
+    seed_source = "tf.random.set_seed"
+
+    @property
+    def seed(self) -> Any:
+        """TensorFlow's global seed as the program left it (``tf.random.set_seed``, which
+        ``keras.utils.set_random_seed`` calls), or None; read without drawing an op seed."""
+        try:
+            return context.global_seed()
+        except Exception:
+            return None
 
     @property
     def manifest_extra(self) -> dict[str, Any]:
