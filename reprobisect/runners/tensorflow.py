@@ -238,6 +238,7 @@ class TFRecorder:
         self._keras = False
         self._stack: list[tuple[Any, bool]] = []
         self._apply_depth = 0
+        self._stop_raised = False
         self._in_fit = 0  # inside model.fit: its batches come from train_step, not next()
         self._pending: list[tuple[Any, Any]] = []  # batches drawn by a custom loop, not yet used
         self._loop_index: dict[int, tuple[Any, Any]] = {}
@@ -387,8 +388,8 @@ class TFRecorder:
         def call(orig: Callable) -> Callable:
             def wrapped(fn: Any, *a: Any, **k: Any) -> Any:
                 out = orig(fn, *a, **k)
-                if rec.stop is not None and rec.stop_at_limit and tf.executing_eagerly():
-                    raise rec.stop
+                if rec.stop is not None:
+                    rec.raise_if_stopped()
                 return out
             return wrapped
 
@@ -443,7 +444,11 @@ class TFRecorder:
             return None
 
     def raise_if_stopped(self) -> None:
-        if self.stop is not None and self.stop_at_limit and tf.executing_eagerly():
+        """Raise the recorder's ``StopRun`` at a safe point (eager Python, never inside a graph
+        or a ``tf.py_function``); once, like the torch recorder: a program that swallows it
+        runs on unrecorded."""
+        if self.stop is not None and self.stop_at_limit and not self._stop_raised and tf.executing_eagerly():
+            self._stop_raised = True
             raise self.stop
 
     # -- layers ------------------------------------------------------------------------------
