@@ -128,6 +128,20 @@ def tape(tmp_path_factory):
             opt.zero_grad(); m(torch.randn(4, 3)).sum().backward(); opt.step()
         print("frameworks loaded:", ",".join(x for x in ("tensorflow", "keras", "torch") if x in sys.modules))
     """))
+    xla_script = d / "xla_tape.py"
+    xla_script.write_text(textwrap.dedent("""
+        import tensorflow as tf
+        m = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+        opt = tf.keras.optimizers.SGD(0.1)
+        @tf.function(jit_compile=True)
+        def step(x):
+            with tf.GradientTape() as t:
+                loss = tf.reduce_mean(m(x, training=True) ** 2)
+            g = t.gradient(loss, m.trainable_variables)
+            opt.apply_gradients(zip(g, m.trainable_variables))
+            return loss
+        print("losses", [float(step(tf.ones((4, 3)))) for _ in range(3)])
+    """))
     idle_script = d / "idle.py"
     idle_script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
     return {
@@ -136,6 +150,7 @@ def tape(tmp_path_factory):
         "eager": (d / "eager", _launch(d / "eager", CORPUS / "tf_tape.py", "--sever", "1", "--steps", "2", steps=5)),
         "torch": (d / "torch", _launch(d / "torch", torch_script, steps=5)),
         "idle": (d / "idle", _launch(d / "idle", idle_script)),
+        "xla": (d / "xla", _launch(d / "xla", xla_script)),
     }
 
 
@@ -154,6 +169,16 @@ def test_a_tf_script_that_never_trains_is_no_steps_with_a_tf_hint(tape):
     assert p.returncode == 6, p.stderr[-3000:]  # no_steps
     outcome = read_trace(trace, allow_incomplete=True).manifest.outcome
     assert outcome["status"] == "no_steps" and "no GradientTape.gradient and no optimizer update" in outcome["detail"]
+
+
+@pytest.mark.slow
+def test_a_tape_loop_under_xla_runs_on_and_is_no_steps_saying_why(tape):
+    trace, p = tape["xla"]
+    assert p.returncode == 6, p.stderr[-3000:]
+    assert "losses [" in p.stdout  # the program ran to its end, untouched
+    t = read_trace(trace, allow_incomplete=True)
+    assert "XLA-compiled function (jit_compile=True)" in t.manifest.outcome["detail"]
+    assert t.manifest.extra["tensorflow"]["mode"] == "xla"
 
 
 @pytest.mark.slow

@@ -576,7 +576,7 @@ class TFRecorder:
             return
         if _in_xla():
             self.info.setdefault("xla", "inside an XLA-compiled function (jit_compile=True) the step is not recorded; "
-                                        "run it without jit_compile, or record it with reprobisect.tensorflow.record")
+                                        "run it without jit_compile to record it")
             return
         gs = self._gstate()
         params = [_read(v) for v in pre.variables]
@@ -849,6 +849,9 @@ class TFRecorder:
         return []
 
     def no_steps_detail(self) -> str:
+        if "xla" in self.info and "mode" in self.info and "xla" in self.info["mode"]:
+            return ("the training step ran inside an XLA-compiled function (jit_compile=True), which the recorder "
+                    "cannot tap; run it without jit_compile to record it")
         if self.backwards:
             return (f"GradientTape.gradient ran {self.backwards} time(s) but no Keras optimizer applied an update; "
                     "record a loop that updates variables by hand with reprobisect.tensorflow.record(...).step(...)")
