@@ -142,6 +142,17 @@ def tape(tmp_path_factory):
             return loss
         print("losses", [float(step(tf.ones((4, 3)))) for _ in range(3)])
     """))
+    fit_ds = d / "fit_ds.py"
+    fit_ds.write_text(textwrap.dedent("""
+        import numpy as np, tensorflow as tf, keras
+        keras.utils.set_random_seed(0)
+        x = np.random.default_rng(0).normal(size=(40, 4)).astype("float32"); y = x.sum(1, keepdims=True)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(40).batch(8)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        m.compile(optimizer="adam", loss="mse")
+        m.fit(ds, epochs=1, verbose=0)
+        m.fit(ds.map(lambda a, b: (a * 2, b)), epochs=1, verbose=0)
+    """))
     idle_script = d / "idle.py"
     idle_script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
     return {
@@ -151,6 +162,7 @@ def tape(tmp_path_factory):
         "torch": (d / "torch", _launch(d / "torch", torch_script, steps=5)),
         "idle": (d / "idle", _launch(d / "idle", idle_script)),
         "xla": (d / "xla", _launch(d / "xla", xla_script)),
+        "fit_ds": (d / "fit_ds", _launch(d / "fit_ds", fit_ds, steps=7)),
     }
 
 
@@ -169,6 +181,18 @@ def test_a_tf_script_that_never_trains_is_no_steps_with_a_tf_hint(tape):
     assert p.returncode == 6, p.stderr[-3000:]  # no_steps
     outcome = read_trace(trace, allow_incomplete=True).manifest.outcome
     assert outcome["status"] == "no_steps" and "no GradientTape.gradient and no optimizer update" in outcome["detail"]
+
+
+@pytest.mark.slow
+def test_fit_on_tf_data_derives_sample_ids_through_shuffle_and_batch_not_through_map(tape):
+    trace, p = tape["fit_ds"]
+    _ok(p)
+    t = read_trace(trace)
+    ids = [s.batch_ids for s in t.steps]
+    assert all(b is not None for b in ids[:5]) and sorted(sum(ids[:5], [])) == list(range(40))  # one epoch: each row once
+    assert ids[5:] == [None, None]  # a map changes the rows: not derivable, and said so
+    why = t.manifest.extra["tensorflow"]["batch_ids"]
+    assert why.startswith("derived") and "not derivable: the tf.data pipeline has a MapDataset" in why
 
 
 @pytest.mark.slow

@@ -725,7 +725,8 @@ class TFRecorder:
             self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
         x = args[0] if args else kwargs.get("x")
         self._ids = _RowIndex.of(x)
-        self.info["batch_ids"] = self._ids.why
+        prev, why = self.info.get("batch_ids"), self._ids.why
+        self.info["batch_ids"] = why if prev is None or why in prev else f"{prev}; a later fit: {why}"
         if jit:
             self._xla_fit(model, args, kwargs)
         ts = model.__dict__.get("train_step")
@@ -774,17 +775,19 @@ class TFRecorder:
 
     def _batch(self, data: Any) -> None:
         ts = _tensors(data)
-        ids = getattr(self, "_ids", None)
-        if ids is not None and ids.index is not None and ts:
-            x = ts[0]
-            if tf.executing_eagerly():
-                self._add_ids(fptf.host_array(x), None, ids)
-            elif not _in_xla():
-                gs = self._gstate()
-                seq = gs["seq"]
-                gs["seq"] += 1
-                gs["taps"] += self._py(lambda v: self.guarded("ids", self._add_ids, fptf.host_array(v), seq, ids), [x])
+        if ts and tf.executing_eagerly():
+            self._fit_ids(ts[0], None)
+        elif ts and not _in_xla():  # the index is looked up when the step runs: a later fit reuses this graph
+            gs = self._gstate()
+            seq = gs["seq"]
+            gs["seq"] += 1
+            gs["taps"] += self._py(lambda v: self.guarded("ids", self._fit_ids, v, seq), [ts[0]])
         self._tap("batch", "data", ts)
+
+    def _fit_ids(self, x: Any, seq: int | None) -> None:
+        index = getattr(self, "_ids", None)  # of the fit running now
+        if index is not None and index.index is not None:
+            self._add_ids(fptf.host_array(x), seq, index)
 
     def _add_ids(self, x: np.ndarray, seq: int | None, index: "_RowIndex") -> None:
         if not self.active:
