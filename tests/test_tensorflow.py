@@ -451,7 +451,7 @@ _API_SCRIPT = textwrap.dedent("""
     unused = tf.Variable(0.0, name="unused")
     x = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
     out = sys.argv[1]
-    with rtf.record(trace=out + "/manual", steps=2) as rec:
+    with rtf.record(trace=out + "/manual", steps=2, full_steps=(0, 1), max_disk=40) as rec:
         for i in range(3):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.matmul(x, w) ** 2)
@@ -483,6 +483,9 @@ def test_explicit_api_records_manual_updates_and_optimizer_steps(tmp_path):
     assert [(r.kind, r.name) for r in s0.records] == [("loss", "loss"), ("grad", "w"), ("param", "w"),
                                                       ("param", "unused")]
     assert s0.scalars["none_grad_variables"] == ["unused"]
+    # full tensors of step 0 are kept (32 bytes); step 1's would pass max_disk=40: noted, not kept
+    assert all(r.stored for r in s0.records) and not any(r.stored for r in manual.steps[1].records)
+    assert any("not kept: --max-disk 40" in n for n in manual.manifest.extra["notes"])
     assert "unused" in p.stderr and "reprobisect: warning:" in p.stderr
     opt = read_trace(tmp_path / "opt")
     assert opt.manifest.steps == 2

@@ -239,6 +239,7 @@ class TFRecorder:
         self._stack: list[tuple[Any, bool]] = []
         self._apply_depth = 0
         self._stop_raised = False
+        self._disk = 0  # bytes of full tensors kept so far (policy.max_disk)
         self._in_fit = 0  # inside model.fit: its batches come from train_step, not next()
         self._pending: list[tuple[Any, Any]] = []  # batches drawn by a custom loop, not yet used
         self._loop_index: dict[int, tuple[Any, Any]] = {}
@@ -623,6 +624,13 @@ class TFRecorder:
         if self._dropped:
             scalars["records_dropped"] = self._dropped
             scalars["max_records_per_step"] = self.policy.max_records_per_step
+        kept = sum(it.array.nbytes for it in items if it.array is not None)
+        if kept and self.policy.max_disk is not None and self._disk + kept > self.policy.max_disk:
+            self.notes.append(f"full tensors of step {self.step} not kept: --max-disk {self.policy.max_disk} bytes "
+                              "would be exceeded (fingerprints and stats are recorded)")
+            items = [_Item(it.rec, it.seq) for it in items]
+            kept = 0
+        self._disk += kept
         self.writer.begin_step(self.step)
         for it in items:
             self.writer.record(it.rec, it.array)
