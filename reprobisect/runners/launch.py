@@ -314,6 +314,8 @@ class _Run:
         if self.steps_done == 0:
             if self.recorder is None:
                 why = "it never imported torch (no supported framework); nothing to compare"
+            elif hasattr(self.recorder, "no_steps_detail"):  # a recorder other than torch's (TensorFlow's)
+                why = self.recorder.no_steps_detail()
             else:
                 from reprobisect.runners.torch import _no_update_detail
 
@@ -378,6 +380,8 @@ class _Run:
         if self.ns.replay_from is not None:
             extra["replay"] = self.replayer.manifest_extra() if self.replayer is not None else {
                 "from": os.path.abspath(self.ns.replay_from), "step": self.ns.replay_step, "restored": False}
+        if self.recorder is not None:
+            extra.update(getattr(self.recorder, "manifest_extra", None) or {})  # TensorFlow's extra.tensorflow
         if self.recorder is not None and self.recorder.first_nonfinite is not None:
             step, what = self.recorder.first_nonfinite
             extra["first_nonfinite"] = {"step": step, "record": what}
@@ -391,7 +395,7 @@ class _Run:
                 extra["eval_after_last_step"] = tail
             if seed is None and self.recorder.seed is not None:
                 seed = self.recorder.seed  # the script's own torch.manual_seed / seed_everything
-                extra["seed_source"] = "torch.manual_seed"
+                extra["seed_source"] = getattr(self.recorder, "seed_source", "torch.manual_seed")
         outcome = Outcome(
             outcome.status,
             detail=outcome.detail,

@@ -90,3 +90,42 @@ def _activate_torch(run: Any) -> Any:
 
 register("torch", "torch", _activate_torch)
 register("lightning", tuple(lightning.FACTORY_GROUPS), lightning.activate)
+
+
+def _tf_policy(ns: Any) -> Any:
+    from reprobisect.runners.tensorflow import RecordPolicy  # the framework: imported when the script did
+
+    return RecordPolicy(
+        steps=ns.steps,
+        full_steps=tuple(ns.full_steps),
+        state_steps=tuple(ns.state_steps),
+        stop_on_nonfinite=ns.stop_on_nonfinite,
+        max_disk=ns.max_disk,
+        max_records_per_step=ns.max_records_per_step,
+        detail=getattr(ns, "detail", "full"),
+        state_every=getattr(ns, "state_every", None),
+    )
+
+
+def _activate_tensorflow(run: Any) -> Any:
+    """The TensorFlow/Keras recorder (``reprobisect.runners.tensorflow``); never imports torch."""
+    from reprobisect.runners.tensorflow import TFRecorder
+
+    return TFRecorder(run.writer, _tf_policy(run.ns), stop_at_limit=True).install()
+
+
+def _activate_keras(run: Any) -> Any:
+    """Keras finished importing: wrap its layers, optimizers and ``fit`` for the TF recorder
+    (Keras imports TensorFlow first, so that recorder exists unless the backend is not TF)."""
+    import sys
+
+    rtf = sys.modules.get("reprobisect.runners.tensorflow")  # never imports TensorFlow on Keras' behalf
+    rec = rtf.current() if rtf is not None else None
+    if rec is None:  # Keras on another backend (JAX, torch): TensorFlow may never be imported
+        return None
+    rtf.install_keras(rec)
+    return None
+
+
+register("tensorflow", ("tensorflow", "keras"), _activate_tensorflow)
+register("keras", "keras", _activate_keras)
