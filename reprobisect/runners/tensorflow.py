@@ -210,6 +210,21 @@ def _json_float(x: float) -> float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
+
+def _fit_position(x: Any, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """What only ``fit``'s arguments tell of the data position (steps per epoch, shuffle) for
+    ``tf_state.capture_state``; None when ``x`` has no length (a dataset, a generator)."""
+    n = kwargs.get("steps_per_epoch")
+    if n is None:
+        try:
+            rows = len(x)
+        except TypeError:
+            return None
+        rows = int(int(rows) * (1.0 - float(kwargs.get("validation_split") or 0.0)))  # Keras' split point
+        batch = kwargs.get("batch_size", args[2] if len(args) > 2 else None) or 32  # Keras' default batch size
+        n = -(-int(rows) // int(batch))
+    return {"steps_per_epoch": int(n), "shuffle": bool(kwargs.get("shuffle", True))}
+
 class TFRecorder:
     """Records steps of a Keras ``fit`` or a ``tf.GradientTape`` loop into a ``TraceWriter``.
 
@@ -678,15 +693,11 @@ class TFRecorder:
         self.stop = stop  # raised by the caller's next safe point (raise_if_stopped, a tf.function's return)
 
     def _capture_state(self, step: int, opt: Any, variables: list[Any]) -> None:
-        try:  # TODO(issue 14 merge): reprobisect.runners.tf_state is helper tfstate's (item 5)
-            from reprobisect.runners.tf_state import capture_state
-        except ImportError:
-            note = f"complete state after step {step} not captured: reprobisect.runners.tf_state is not available"
-            if note not in self.notes:
-                self.notes.append(note)
-            return
+        from reprobisect.runners.tf_state import capture_state
+
         model = self.model_ref() if self.model_ref is not None else None
-        capture_state(self.writer, step, model=model, variables=variables if model is None else None, optimizer=opt)
+        capture_state(self.writer, step, model=model, variables=variables if model is None else None, optimizer=opt,
+                      position=self._fit_position)
 
     # -- an explicit step (reprobisect.tensorflow) ------------------------------------------------
 
@@ -733,6 +744,7 @@ class TFRecorder:
             self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
         x = args[0] if args else kwargs.get("x")
         self._ids = _RowIndex.of(x)
+        self._fit_position = _fit_position(x, args, kwargs)
         prev, why = self.info.get("batch_ids"), self._ids.why
         self.info["batch_ids"] = why if prev is None or why in prev else f"{prev}; a later fit: {why}"
         if jit:
@@ -749,6 +761,8 @@ class TFRecorder:
 
             train_step._reprobisect = True  # type: ignore[attr-defined]
             object.__setattr__(model, "train_step", train_step)
+
+    _fit_position: dict[str, Any] | None = None
 
     def _xla_fit(self, model: Any, args: tuple, kwargs: dict) -> None:
         """``fit`` under XLA: no tap can run inside the compiled step; a callback records the
