@@ -41,6 +41,9 @@ INFO_PATHS = (
     "torch.devices.*.memory_gib",
     "recorder",
     "probe",
+    "distributed.rendezvous",
+    "distributed.rank",
+    "distributed.local_rank",
 )
 """Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
 

@@ -263,6 +263,7 @@ class _Entry:
     array: np.ndarray | None = None
     record: Record | None = None  # already finished (batch ids)
     seq: int = 0
+    meta: dict[str, Any] | None = None  # the record's meta (collectives, buffers: runners.distributed_torch)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -417,6 +418,7 @@ class TorchRecorder:
         self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
         self._capped_noted = False
         self._fwd_hooks: Any = None
+        self._dist: Any = None  # runners.distributed_torch.DistributedObserver, once installed
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -569,6 +571,11 @@ class TorchRecorder:
         self._wrap_seed()
         if self.policy.zoom_module is not None and self.policy.zoom_step is not None:
             self._install_zoom()
+        from reprobisect.runners import distributed_torch  # collectives and ranks (idle unless used)
+
+        self._dist = distributed_torch.install(self)
+        if self._dist is not None:
+            self._undo.append(self._dist.remove)
         self._installed = True
         global ACTIVE
         ACTIVE = self
@@ -838,6 +845,18 @@ class TorchRecorder:
         for path, p in module.named_parameters():
             self._param_names[id(p)] = user_path(path)
             self._watch_grad(p)
+
+    def add_pending(self, kind: str, name: str, pending: fpt.Pending, meta: dict[str, Any] | None = None) -> None:
+        """Buffer an already begun fingerprint as the step's next record ``kind name``
+        (``runners.distributed_torch``: what entered or left a collective)."""
+        e = _Entry(kind=kind, name=name, pending=pending, meta=meta)
+        e.seq = len(self._entries)
+        self._entries.append(e)
+
+    def primary_module(self) -> torch.nn.Module | None:
+        """The model (the first root module), if it is still alive."""
+        hit = self._roots.get(self._primary) if self._primary is not None else None
+        return hit[0]() if hit is not None else None
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizers.add(optimizer)
@@ -1386,6 +1405,8 @@ class TorchRecorder:
 
     def _end_step(self, opt: torch.optim.Optimizer | None) -> None:
         t_end = time.perf_counter()
+        if self._dist is not None:
+            self._dist.end_step()  # the step's collectives (and a distributed run's buffers)
         self._settle_batches()
         t_fin = time.perf_counter()
         records, done_pending = self._finish_records()
@@ -1458,7 +1479,8 @@ class TorchRecorder:
             if e.inputs is not None:
                 ins = tuple(done_pending[id(q)][0] for q in e.inputs)
             rec = Record(
-                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
+                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins,
+                meta=e.meta,
             )
             records.append((e, rec))
         records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
