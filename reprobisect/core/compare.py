@@ -646,6 +646,9 @@ class Comparison:
     """Multi-rank comparison: the ranks compared (rank r of A with rank r of B); empty: single-rank."""
     world_size_a: int = 1
     world_size_b: int = 1
+    rank_firsts: tuple[Divergence, ...] = ()
+    """Multi-rank: each rank's own first divergence (its rank set), in rank order: where the
+    difference originates (``first``) and where it arrives through a collective (``arrival``)."""
     findings: tuple[str, ...] = ()
     """Multi-rank: what one trace shows about its own ranks (``reprobisect.core.distributed``):
     ranks whose parameters differ after a step, overlapping or missing samples, ..."""
@@ -702,6 +705,7 @@ class Comparison:
             **({"detail": {"a": self.detail_a, "b": self.detail_b}, "state_steps": list(self.state_steps),
                 "replay_from": self.replay_from} if self.sentinel else {}),  # full vs full: as before
             **({"ranks": list(self.ranks), "world_size": {"a": self.world_size_a, "b": self.world_size_b},
+                "rank_firsts": [d.to_json() for d in self.rank_firsts],
                 "findings": list(self.findings)} if self.ranks else {}),  # single-rank: as before
         }
 
@@ -1263,6 +1267,7 @@ def compare_ranked(ta: Mapping[int, Trace], tb: Mapping[int, Trace], tolerance: 
         tensors_read=sum(c.tensors_read for c in per.values()), bytes_read=sum(c.bytes_read for c in per.values()),
         status_a=_top_status(ta), status_b=_top_status(tb), hints=tuple(dict.fromkeys(hints)),
         ranks=tuple(common), world_size_a=len(ta), world_size_b=len(tb),
+        rank_firsts=tuple(replace(per[r].first, rank=r) for r in common if per[r].first is not None),
         findings=tuple(f"A: {f}" for f in dist_checks.findings(ta)) + tuple(f"B: {f}" for f in dist_checks.findings(tb)),
     )
 

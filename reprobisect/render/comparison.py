@@ -200,6 +200,12 @@ def render_comparison(c: Any) -> str:
     explanation = getattr(c, "explanation", "")
     if explanation:
         lines.append(f"    ↳ likely explanation: {explanation}")
+    firsts = getattr(c, "rank_firsts", ())
+    if len(firsts) > 1:
+        lines.append("first divergence of each rank:")
+        for d in firsts:
+            how = " (arrived through a collective)" if d.localization == "arrival" else ""
+            lines.append(f"  rank {d.rank}: {render_divergence(d)}{how}")
     origin = c.origin
     if origin is not None and origin is not c.first:
         lines.append("first origin (inputs agree, output differs):")

@@ -15,8 +15,11 @@ nothing until ``torch.distributed`` is used. Then it records:
   built-in hook the user registers (``register_builtin_comm_hook``) is left alone (its
   buckets are then not recorded);
 - **c10d collectives**: ``all_reduce``, ``broadcast``, ``all_gather``,
-  ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``,
-  ``reduce`` called through ``torch.distributed`` (FSDP, hand-written synchronisation).
+  ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``reduce``
+  and FSDP2's ``all_gather_single``/``reduce_scatter_single``, called through
+  ``torch.distributed`` (FSDP2, hand-written synchronisation). Calls made while the
+  forward runs (FSDP2's parameter all-gathers) sit with the other collectives of the
+  step, after the loss: chain order has one place for collectives.
 
 Each collective gives two records, ``NAME/in`` (what this rank put in, fingerprinted
 before the call) and ``NAME/out`` (what it got back, fingerprinted when the call
@@ -49,8 +52,8 @@ from reprobisect.runners import fingerprint_torch as fpt
 
 __all__ = ["DistributedObserver", "install"]
 
-_C10D_OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-             "reduce_scatter_tensor", "reduce")
+_C10D_OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+             "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce")
 _MARK = "_reprobisect_observed"
 
 
@@ -83,11 +86,11 @@ def _io(op: str, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], list[to
         return t, t
     if op == "all_gather":
         return _tensors(arg(1, "tensor")), _tensors(arg(0, "tensor_list"))
-    if op == "all_gather_into_tensor":
+    if op in ("all_gather_into_tensor", "all_gather_single"):
         return _tensors(arg(1, "input_tensor")), _tensors(arg(0, "output_tensor"))
     if op == "reduce_scatter":
         return _tensors(arg(1, "input_list")), _tensors(arg(0, "output"))
-    if op == "reduce_scatter_tensor":
+    if op in ("reduce_scatter_tensor", "reduce_scatter_single"):
         return _tensors(arg(1, "input")), _tensors(arg(0, "output"))
     return [], []
 

@@ -304,6 +304,13 @@ class _Batch:
     run: dict[str, Any] | None = None  # the evaluation run that first used it
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a distributed tensor (FSDP2's DTensor parameters: the local shard);
+    any other tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None and hasattr(t, "device_mesh") else t
+
+
 def _fingerprintable(t: torch.Tensor) -> bool:
     return not (t.is_sparse or t.is_nested or t.is_meta or getattr(t, "is_mkldnn", False)) and t.layout == torch.strided
 
@@ -457,7 +464,7 @@ class TorchRecorder:
         hit = self._cache.get(id(t))
         if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
             return hit[2]
-        p = fpt.begin(t, with_stats=self.policy.stats)
+        p = fpt.begin(_local(t), with_stats=self.policy.stats)
         if v is not None:
             self._cache[id(t)] = (weakref.ref(t), v, p)
         return p
@@ -474,7 +481,7 @@ class TorchRecorder:
                 out[k] = hit[2]
             else:
                 miss.append(k)
-        for k, p in zip(miss, batched_torch.begin_many([ts[k] for k in miss], with_stats=self.policy.stats)):
+        for k, p in zip(miss, batched_torch.begin_many([_local(ts[k]) for k in miss], with_stats=self.policy.stats)):
             out[k] = p
             v = _version(ts[k])
             if v is not None:
@@ -511,8 +518,8 @@ class TorchRecorder:
             self._t0 = time.perf_counter()
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         if pending is None:
-            pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
-        t = t.detach()
+            pending = fpt.begin(_local(t), with_stats=self.policy.stats) if fresh else self._begin(t)
+        t = _local(t.detach())
         e = _Entry(kind=kind, name=name, pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
             self._keep_array(e, t)

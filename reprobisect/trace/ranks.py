@@ -38,7 +38,7 @@ from reprobisect.trace.reader import Trace, read_trace
 from reprobisect.trace.writer import fsync_dir, json_safe, write_json_atomic
 
 __all__ = ["RANKS_DIR", "RankInfo", "assemble", "is_multi_rank", "open_ranks", "rank_dir", "rank_infos",
-           "read_top_manifest", "shard_ranks", "world_size_of"]
+           "read_rank0", "read_top_manifest", "shard_ranks", "world_size_of"]
 
 RANKS_DIR = "ranks"
 _RANK_DIR = re.compile(r"^rank-(\d{1,6})$")
@@ -245,6 +245,13 @@ def world_size_of(trace_dir: str | os.PathLike) -> int:
     if top is not None and is_int(top.get("world_size")):
         return int(top["world_size"])
     return _world(rank_infos(trace_dir), trace_dir) or len(shard_ranks(trace_dir))
+
+
+def read_rank0(trace_dir: str | os.PathLike, *, allow_incomplete: bool = False) -> Trace:
+    """The lowest rank's trace (rank 0 of a multi-rank trace; a flat trace itself): what a
+    reader that looks at one process (its environment, its steps) reads."""
+    traces = open_ranks(trace_dir, allow_incomplete=allow_incomplete)
+    return traces[min(traces)]
 
 
 def open_ranks(trace_dir: str | os.PathLike, *, allow_incomplete: bool = False,
