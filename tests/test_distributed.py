@@ -216,6 +216,21 @@ def test_findings_desync_and_overlap(tmp_path):
     assert compare_paths(multi(tmp_path / "ok"), multi(tmp_path / "ok2")).findings == ()
 
 
+def test_workflow_readers_take_multi_rank_traces(tmp_path):
+    from reprobisect.core.verdict import nonfinite_in
+    from reprobisect.trace.ranks import read_rank0
+
+    def nan_on_rank_1(rank, k, kind, name, x):
+        return np.full_like(x, np.nan) if (rank, k, kind) == (1, 1, "loss") else x
+
+    p = multi(tmp_path / "t", change=nan_on_rank_1)
+    assert nonfinite_in(str(p)) == "loss 'loss' at step 1 holds NaN/Inf (rank 1)"
+    assert nonfinite_in(str(multi(tmp_path / "ok"))) is None
+    assert read_rank0(p).manifest.extra["distributed"]["rank"] == 0
+    flat = shard(tmp_path / "flat", 0, 1)
+    assert read_rank0(flat).path == flat
+
+
 # --------------------------------------------------------------------------------------
 # real torchrun (gloo, CPU, 2 ranks)
 

@@ -307,6 +307,8 @@ class _Batch:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a distributed tensor (FSDP2's DTensor parameters: the local shard);
     any other tensor itself."""
+    if type(t) is torch.Tensor:
+        return t
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None and hasattr(t, "device_mesh") else t
 
