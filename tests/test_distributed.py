@@ -231,6 +231,32 @@ def test_workflow_readers_take_multi_rank_traces(tmp_path):
     assert read_rank0(flat).path == flat
 
 
+def test_environment_records_the_distributed_settings(monkeypatch):
+    import torch  # noqa: F401 - distributed_info reads torch.distributed when imported
+
+    from reprobisect.core.envdiff import diff_environments
+    from reprobisect.runners.environment import collect_environment, distributed_info
+
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert distributed_info() is None and "distributed" not in collect_environment()  # a single process
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "lo", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_ALGO": "Ring"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    a = collect_environment()
+    d = a["distributed"]
+    assert (d["world_size"], d["rank"], d["local_rank"], d["local_world_size"]) == (2, 1, 1, 2)
+    assert d["env"] == {"GLOO_SOCKET_IFNAME": "lo", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    assert d["rendezvous"] == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert a["env_vars"]["NCCL_ALGO"] == "Ring"
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    changes = {c.path: c for c in diff_environments(a, collect_environment())}
+    assert changes["distributed.rendezvous.MASTER_PORT"].info  # a free port differs every run
+    assert not changes["env_vars.NCCL_ALGO"].info  # the reduction algorithm changes numerics
+
+
 # --------------------------------------------------------------------------------------
 # real torchrun (gloo, CPU, 2 ranks)
 
@@ -261,16 +287,17 @@ def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, d
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("ddp")
     out = {
+        # 3 ranks: DDP scales gradients by 1/3 with a multiply, which a division would not match bit for bit;
         # 6 steps are the whole run: it ends by itself (and saves its parameters) before --steps 7
-        "plain": torchrun(base / "plain", "plain", steps=7, dump=base / "rec"),
-        "plain2": torchrun(base / "plain2", "plain", steps=7),
+        "plain": torchrun(base / "plain", "plain", nproc=3, steps=7, dump=base / "rec"),
+        "plain2": torchrun(base / "plain2", "plain", nproc=3, steps=7),
         "noise": torchrun(base / "noise", "noise"),
         "noise2": torchrun(base / "noise2", "noise"),
         "sampler": torchrun(base / "sampler", "sampler_seed", steps=4),
         "bn": torchrun(base / "bn", "bn"),
         "single": torchrun(base / "single", "plain", nproc=1, steps=7),
     }
-    torchrun(None, "plain", dump=base / "plain-unrecorded")
+    torchrun(None, "plain", nproc=3, dump=base / "plain-unrecorded")
     out["base"] = base
     return out
 
@@ -279,10 +306,10 @@ def runs(tmp_path_factory):
 def test_identical_ddp_runs_agree_and_recording_keeps_numerics(runs):
     c = compare_paths(runs["plain"], runs["plain2"])
     assert c, str(c)
-    assert c.ranks == (0, 1) and c.findings == ()
+    assert c.ranks == (0, 1, 2) and c.findings == ()
     import torch
 
-    for r in (0, 1):  # a recorded run (its DDP comm hook included) ends with the plain run's parameters, bit for bit
+    for r in (0, 1, 2):  # a recorded run (its DDP comm hook included) ends with the plain run's parameters, bit for bit
         rec = torch.load(runs["base"] / f"rec-{r}.pt")
         plain = torch.load(runs["base"] / f"plain-unrecorded-{r}.pt")
         assert rec.keys() == plain.keys()
@@ -295,9 +322,9 @@ def test_shards_carry_rank_and_collectives(runs):
     traces = open_ranks(runs["plain"])
     for r, t in traces.items():
         d = t.manifest.extra["distributed"]
-        assert (d["rank"], d["world_size"], d["backend"], d["device"]) == (r, 2, "gloo", "cpu")
+        assert (d["rank"], d["world_size"], d["backend"], d["device"]) == (r, 3, "gloo", "cpu")
         env = t.manifest.environment["distributed"]
-        assert env["world_size"] == 2 and "MASTER_PORT" in env["rendezvous"]
+        assert env["world_size"] == 3 and "MASTER_PORT" in env["rendezvous"]
         kinds = [rec.kind for rec in t.steps[0].records]
         names = [rec.name for rec in t.steps[0].records if rec.kind == "collective"]
         assert names == ["ddp.bucket0/in", "ddp.bucket0/out"]
@@ -337,8 +364,9 @@ def test_unsynchronized_batchnorm_buffers_are_found_at_the_first_step(runs):
 def test_world_size_difference_is_reported_not_a_crash(runs):
     assert not is_multi_rank(runs["single"])
     c = compare_paths(runs["single"], runs["plain"])
-    assert not c and c.env[0].path == "distributed.world_size" and (c.env[0].a, c.env[0].b) == (1, 2)
-    assert "rank(s) 1 only in B" in c.structure
+    assert not c and c.env[0].path == "distributed.world_size" and (c.env[0].a, c.env[0].b) == (1, 3)
+    assert "rank(s) 1-2 only in B" in c.structure
+    assert "A: " in str(c) and ", 3 ranks)" in str(c)
 
 
 @pytest.mark.slow
