@@ -296,6 +296,7 @@ def runs(tmp_path_factory):
         "sampler": torchrun(base / "sampler", "sampler_seed", steps=4),
         "bn": torchrun(base / "bn", "bn"),
         "single": torchrun(base / "single", "plain", nproc=1, steps=7),
+        "allreduce": torchrun(base / "allreduce", "allreduce", steps=2),
     }
     torchrun(None, "plain", nproc=3, dump=base / "plain-unrecorded")
     out["base"] = base
@@ -335,13 +336,24 @@ def test_shards_carry_rank_and_collectives(runs):
 
 
 @pytest.mark.slow
+def test_hand_written_all_reduce_is_recorded(runs):
+    traces = open_ranks(runs["allreduce"])
+    by_rank = [{r.name: r for r in t.steps[0].records if r.kind == "collective"} for t in traces.values()]
+    assert sorted(by_rank[0]) == sorted(f"all_reduce.{k}/{io}" for k in range(4) for io in ("in", "out"))
+    for k in range(4):
+        assert by_rank[0][f"all_reduce.{k}/in"].fingerprint != by_rank[1][f"all_reduce.{k}/in"].fingerprint
+        assert by_rank[0][f"all_reduce.{k}/out"].fingerprint == by_rank[1][f"all_reduce.{k}/out"].fingerprint
+        assert by_rank[0][f"all_reduce.{k}/out"].meta == {"op": "all_reduce", "io": "out"}
+
+
+@pytest.mark.slow
 def test_rank_local_unseeded_noise_is_named_with_its_rank(runs):
     c = compare_paths(runs["noise"], runs["noise2"])
     assert not c and c.first.step == 0 and c.first.rank == 1 and c.first.kind in ("batch", "input")
     assert c.first.agree == (0,)
     r0 = [d for d in c.rank_firsts if d.rank == 0]
     assert r0 and r0[0].localization == "arrival" and r0[0].name == "ddp.bucket0/out", c.rank_firsts
-    assert "rank 0: step 0 · rank 0 · collective · ddp.bucket0/out" in str(c)
+    assert "step 0 · rank 0 · collective · ddp.bucket0/out" in str(c) and "(arrived through a collective)" in str(c)
     assert any("starts on rank 1 only" in h and "rank-local random source" in h for h in c.hints)
     assert "step 0 · rank 1 · " in str(c)
 

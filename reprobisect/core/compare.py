@@ -26,6 +26,18 @@ full one compares what both hold and says so in the note: the full side's activa
 gradients and optimizer state are not compared, nor the gradient norm (each level computes
 it its own way, so its bits differ).
 
+Multi-rank traces (``reprobisect.trace.ranks``: one shard per rank) are compared rank by
+rank (``compare_ranked``, which ``compare_paths`` picks): rank r of A with rank r of B,
+steps aligned by optimizer step. The first divergence is the first by step, then chain
+order, then lowest rank; it carries its ``rank`` and which other ranks agree there
+(``Divergence.agree``/``differ``), and each rank's own first divergence is kept
+(``Comparison.rank_firsts``). A ``collective`` output whose input agrees on its rank is
+localized as ``arrival`` (the difference came through the collective from another rank).
+A different world size or backend (or a flat trace against a multi-rank one) is listed
+first among the environment differences and makes a structural difference; the ranks both
+hold are still compared. ``Comparison.findings`` holds what each trace shows about its own
+ranks (``reprobisect.core.distributed``). Single-rank traces compare exactly as before.
+
 Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here. The results
 are data; ``reprobisect.render.comparison`` says them (``str(comparison)`` calls it).
 """

@@ -7,7 +7,9 @@ Plain text with ``·`` separators: it reads the same piped into a file as on a t
 A comparison of sentinel traces (``--detail sentinel``) names the sentinel that first
 differed (``first divergence at step 7: sentinel param 'fc.weight' (after the step)``) and
 the last step before it after which both traces hold complete state (where a full-detail
-replay starts).
+replay starts). A comparison of multi-rank traces names the rank (``step 0 · rank 1 ·
+input · x``), which other ranks agree there, each rank's own first divergence (``arrived
+through a collective`` where its input agreed), and the distributed findings of each trace.
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ def render_comparison(c: Any) -> str:
         lines.append("first divergence of each rank:")
         for d in firsts:
             how = " (arrived through a collective)" if d.localization == "arrival" else ""
-            lines.append(f"  rank {d.rank}: {render_divergence(d)}{how}")
+            lines.append(f"  {render_divergence(d)}{how}")
     origin = c.origin
     if origin is not None and origin is not c.first:
         lines.append("first origin (inputs agree, output differs):")

@@ -237,7 +237,7 @@ class DistributedObserver:
             name, meta = f"{op}.{k}", {"op": op}
             obs._add(name, "in", _one(ins), meta)
             work = orig(*args, **kwargs)
-            if work is not None and (args[-1:] == (True,) or kwargs.get("async_op")):
+            if work is not None and hasattr(work, "get_future"):  # async_op=True: recorded when it completes
                 try:
                     work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta))
                 except Exception:  # a backend without futures: the output is not recorded

@@ -45,8 +45,9 @@ for epoch in range(3):
         opt.zero_grad()
         loss.backward()
         if mode == "allreduce":
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
+            works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+            for p, w in zip(model.parameters(), works):
+                w.wait()
                 p.grad.mul_(1.0 / world)
         opt.step()
 if os.environ.get("DUMP"):
