@@ -157,7 +157,7 @@ class DistributedObserver:
             init(ddp, *args, **kwargs)
             obs.models.add(ddp)
             ddp.__dict__["_reprobisect_hook"] = None  # none yet: ours goes in at the first forward
-            ddp.register_forward_pre_hook(obs._first_forward)
+            ddp.__dict__["_reprobisect_pre"] = ddp.register_forward_pre_hook(obs._first_forward)
 
         def register_comm_hook(ddp: Any, state: object, hook: Callable) -> None:
             ddp.__dict__["_reprobisect_hook"] = "user"
@@ -177,6 +177,9 @@ class DistributedObserver:
             self._patch(DDP, name, fn)
 
     def _first_forward(self, ddp: Any, args: Any) -> None:
+        handle = ddp.__dict__.pop("_reprobisect_pre", None)
+        if handle is not None:
+            handle.remove()  # once: the hook is in (or the user's is)
         if ddp.__dict__.get("_reprobisect_hook") is not None or self.rec.done:
             return
         ddp.__dict__["_reprobisect_hook"] = "ours"
