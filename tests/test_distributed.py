@@ -297,6 +297,7 @@ def runs(tmp_path_factory):
         "bn": torchrun(base / "bn", "bn"),
         "single": torchrun(base / "single", "plain", nproc=1, steps=7),
         "allreduce": torchrun(base / "allreduce", "allreduce", steps=2),
+        "user_hook": torchrun(base / "user_hook", "user_hook", steps=2),
     }
     torchrun(None, "plain", nproc=3, dump=base / "plain-unrecorded")
     out["base"] = base
@@ -333,6 +334,16 @@ def test_shards_carry_rank_and_collectives(runs):
     s0, s1 = traces[0].steps[0].by_key(), traces[1].steps[0].by_key()
     assert s0[("collective", "ddp.bucket0/in")].fingerprint != s1[("collective", "ddp.bucket0/in")].fingerprint
     assert s0[("collective", "ddp.bucket0/out")].fingerprint == s1[("collective", "ddp.bucket0/out")].fingerprint
+
+
+@pytest.mark.slow
+def test_a_users_own_comm_hook_is_kept_and_observed(runs):
+    traces = open_ranks(runs["user_hook"])
+    for t in traces.values():
+        assert [r.name for r in t.steps[0].records if r.kind == "collective"] == ["ddp.bucket0/in", "ddp.bucket0/out"]
+        assert "notes" not in t.manifest.extra  # no "buckets not recorded"
+    g = [{r.name: r.fingerprint for r in t.steps[0].records if r.kind == "grad"} for t in traces.values()]
+    assert g[0] == g[1]  # the user's hook still averaged the gradients
 
 
 @pytest.mark.slow

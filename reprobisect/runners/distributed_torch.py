@@ -118,6 +118,7 @@ class DistributedObserver:
         self.models: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.info: dict[str, Any] | None = None
         self.user_builtin = False
+        self.local = threading.local()  # .in_hook: inside a DDP comm hook (its own c10d calls are the bucket's)
 
     # -- install ----------------------------------------------------------------
 
@@ -215,7 +216,11 @@ class DistributedObserver:
                 name = obs._name(f"ddp.bucket{idx}")
             meta = {"op": "ddp_allreduce", "bucket": idx}
             obs._add(name, "in", bucket.buffer(), meta)
-            fut = hook(state, bucket)
+            obs.local.in_hook = True
+            try:
+                fut = hook(state, bucket)
+            finally:
+                obs.local.in_hook = False
 
             def done(f: Any) -> Any:
                 out = f.value()
@@ -231,7 +236,7 @@ class DistributedObserver:
         obs = self
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if obs.rec.done:
+            if obs.rec.done or getattr(obs.local, "in_hook", False):
                 return orig(*args, **kwargs)
             ins, outs = _io(op, args, kwargs)
             with obs.lock:

@@ -2,7 +2,8 @@
 
 MODE: plain | noise (rank 1 adds unseeded NumPy noise) | sampler_seed (DistributedSampler
 seeded by rank) | bn (BatchNorm, broadcast_buffers=False, rank-dependent data) |
-no_set_epoch | fsdp (FSDP2 fully_shard) | allreduce (hand-written gradient all_reduce).
+no_set_epoch | fsdp (FSDP2 fully_shard) | allreduce (hand-written gradient all_reduce) |
+user_hook (the script registers its own DDP comm hook).
 DUMP=PATH saves each rank's final state dict to PATH-RANK.pt.
 """
 import os
@@ -32,6 +33,10 @@ elif mode == "allreduce":
     net = model
 else:
     net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=(mode != "bn"))
+    if mode == "user_hook":  # the user's own comm hook (here: torch's reference all-reduce hook)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        net.register_comm_hook(None, default_hooks.allreduce_hook)
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
 for epoch in range(3):
     if mode not in ("no_set_epoch", "sampler_seed"):
