@@ -26,6 +26,18 @@ full one compares what both hold and says so in the note: the full side's activa
 gradients and optimizer state are not compared, nor the gradient norm (each level computes
 it its own way, so its bits differ).
 
+Multi-rank traces (``reprobisect.trace.ranks``: one shard per rank) are compared rank by
+rank (``compare_ranked``, which ``compare_paths`` picks): rank r of A with rank r of B,
+steps aligned by optimizer step. The first divergence is the first by step, then chain
+order, then lowest rank; it carries its ``rank`` and which other ranks agree there
+(``Divergence.agree``/``differ``), and each rank's own first divergence is kept
+(``Comparison.rank_firsts``). A ``collective`` output whose input agrees on its rank is
+localized as ``arrival`` (the difference came through the collective from another rank).
+A different world size or backend (or a flat trace against a multi-rank one) is listed
+first among the environment differences and makes a structural difference; the ranks both
+hold are still compared. ``Comparison.findings`` holds what each trace shows about its own
+ranks (``reprobisect.core.distributed``). Single-rank traces compare exactly as before.
+
 Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here. The results
 are data; ``reprobisect.render.comparison`` says them (``str(comparison)`` calls it).
 """
@@ -45,6 +57,7 @@ from reprobisect.core.hints import divergence_hints, lr_note
 from reprobisect.core.envdiff import EnvChange, diff_environments
 from reprobisect.errors import UsageError
 from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record, Step, stat_value, tensor_key
+from reprobisect.trace import ranks
 from reprobisect.trace.reader import Trace, read_trace
 
 __all__ = [
@@ -60,6 +73,7 @@ __all__ = [
     "compare_records",
     "compare_traces",
     "compare_paths",
+    "compare_ranked",
 ]
 
 VERDICTS = ("identical", "close", "diverged", "missing", "shape", "dtype")
@@ -545,7 +559,8 @@ class Divergence:
     differing inputs and nothing recorded before it differed: the change happened in the
     parent's forward, between hooked modules), ``first`` (the first broken link for a
     record without module inputs: batch, loss, grad, ...), or ``unknown`` (an activation
-    recorded without input fingerprints).
+    recorded without input fingerprints), or ``arrival`` (a collective's output whose input
+    agrees on this rank: the difference arrived through the collective from another rank).
     """
 
     step: int
@@ -561,6 +576,12 @@ class Divergence:
     sentinel: str | None = None
     """In a comparison of sentinel traces, the sentinel that showed it: ``batch ids``,
     ``batch``, ``init``, ``loss``, ``grad norm``, ``lr``, ``scaler scale`` or ``param``."""
+    rank: int | None = None
+    """In a comparison of multi-rank traces, the global rank it was seen on (None: single-rank)."""
+    agree: tuple[int, ...] | None = None
+    """Multi-rank: the other ranks whose same record agrees at this step (None: not asked)."""
+    differ: tuple[int, ...] | None = None
+    """Multi-rank: the other ranks whose same record differs at this step too."""
 
     def to_json(self) -> dict[str, Any]:
         d = {
@@ -577,6 +598,10 @@ class Divergence:
         }
         if self.sentinel is not None:
             d["sentinel"] = self.sentinel
+        if self.rank is not None:
+            d["rank"] = self.rank
+            d["agree_ranks"] = list(self.agree) if self.agree is not None else None
+            d["differ_ranks"] = list(self.differ) if self.differ is not None else None
         return d
 
 
@@ -629,6 +654,16 @@ class Comparison:
     detail_b: str = "full"
     state_steps: tuple[int, ...] = ()
     """Steps after which both traces hold complete state (where a full-detail replay can start)."""
+    ranks: tuple[int, ...] = ()
+    """Multi-rank comparison: the ranks compared (rank r of A with rank r of B); empty: single-rank."""
+    world_size_a: int = 1
+    world_size_b: int = 1
+    rank_firsts: tuple[Divergence, ...] = ()
+    """Multi-rank: each rank's own first divergence (its rank set), in rank order: where the
+    difference originates (``first``) and where it arrives through a collective (``arrival``)."""
+    findings: tuple[str, ...] = ()
+    """Multi-rank: what one trace shows about its own ranks (``reprobisect.core.distributed``):
+    ranks whose parameters differ after a step, overlapping or missing samples, ..."""
 
     def __bool__(self) -> bool:
         return self.first is None and not self.structure
@@ -681,6 +716,9 @@ class Comparison:
             "hints": list(self.hints),
             **({"detail": {"a": self.detail_a, "b": self.detail_b}, "state_steps": list(self.state_steps),
                 "replay_from": self.replay_from} if self.sentinel else {}),  # full vs full: as before
+            **({"ranks": list(self.ranks), "world_size": {"a": self.world_size_a, "b": self.world_size_b},
+                "rank_firsts": [d.to_json() for d in self.rank_firsts],
+                "findings": list(self.findings)} if self.ranks else {}),  # single-rank: as before
         }
 
     def __str__(self) -> str:
@@ -903,6 +941,7 @@ class _Walk:
         return {"origin": not self.divergences, "localization": "first" if not self.divergences else "propagation"}
 
     def step(self, k: int, sa: Step, sb: Step) -> None:
+        self._sa, self._sb = sa, sb
         t = _Tally()
         if sa.batch_ids is not None and sb.batch_ids is not None:
             t.records += 1
@@ -977,6 +1016,8 @@ class _Walk:
             return
         t.differ += 1
         loc = _localize(ra, rb, bool(self.divergences), t.diverged_modules)
+        if ra.kind == "collective" and _arrived(ra.name, self._sa, self._sb):
+            loc = "arrival"
         if ra.kind == "activation":
             t.diverged_modules.append(ra.name)
         self.keep(Divergence(k, ra.kind, ra.name, diff.verdict, diff, module=ra.module or rb.module,
@@ -1080,6 +1121,15 @@ def _with_hints(a: Trace, b: Trace, comp: Comparison) -> Comparison:
     return replace(comp, explanation=explanation, hints=found)
 
 
+def _arrived(name: str, sa: Step, sb: Step) -> bool:
+    """A collective's output (``NAME/out``) whose input (``NAME/in``) agrees bit for bit on both sides."""
+    if not name.endswith("/out"):
+        return False
+    key = ("collective", name[: -len("/out")] + "/in")
+    ia, ib = sa.by_key().get(key), sb.by_key().get(key)
+    return ia is not None and ib is not None and ia.fingerprint == ib.fingerprint
+
+
 def _localize(ra: Record, rb: Record, earlier: bool, diverged_modules: list[str]) -> str:
     if ra.kind != "activation":
         return "propagation" if earlier else "first"
@@ -1111,7 +1161,129 @@ def compare_paths(
     """Read and validate both traces, then ``compare_traces``; a bad trace raises ``TraceError``.
 
     ``verify``: check every file of both traces against its SHA-256 first (matching
-    fingerprints are otherwise compared without reading the tensor shards they stand for)."""
+    fingerprints are otherwise compared without reading the tensor shards they stand for).
+    A multi-rank trace on either side (``reprobisect.trace.ranks``) is compared rank by rank
+    (``compare_ranked``)."""
+    if ranks.is_multi_rank(a) or ranks.is_multi_rank(b):
+        ra = ranks.open_ranks(a, allow_incomplete=allow_incomplete, verify=verify)
+        rb = ranks.open_ranks(b, allow_incomplete=allow_incomplete, verify=verify)
+        return compare_ranked(ra, rb, tolerance, a=str(a), b=str(b))
     ta = read_trace(a, allow_incomplete=allow_incomplete, verify=verify)
     tb = read_trace(b, allow_incomplete=allow_incomplete, verify=verify)
     return compare_traces(ta, tb, tolerance)
+
+
+# --------------------------------------------------------------------------------------
+# multi-rank traces
+
+
+def _chain_key(d: Divergence, rank: int) -> tuple[Any, ...]:
+    """Where a divergence sits among all ranks' divergences: by step, then chain order, then rank."""
+    if d.kind == "batch" and d.name == _BATCH_IDS:
+        pos = -1.0
+    elif d.kind == "scalar":
+        pos = _SCALAR_RANK - 0.5
+    elif d.kind == "step":
+        pos = float(len(KINDS))
+    else:
+        pos = float(_KIND_RANK.get(d.kind, len(KINDS)))
+    return (d.step, pos, d.order, rank)
+
+
+def _agreement(ta: Mapping[int, Trace], tb: Mapping[int, Trace], d: Divergence, ranks_: list[int],
+               tolerance: Tolerance) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The other ranks whose record ``d`` names agrees / differs at ``d``'s step."""
+    agree, differ = [], []
+    for r in ranks_:
+        if r == d.rank:
+            continue
+        sa, sb = ta[r].step(d.step), tb[r].step(d.step)
+        if sa is None or sb is None:
+            continue
+        if d.kind == "batch" and d.name == _BATCH_IDS:
+            (agree if _batch_diff(sa, sb) is None else differ).append(r)
+            continue
+        if d.kind == "scalar":
+            va, vb = sa.scalars.get(d.name.split("[", 1)[0], _ABSENT), sb.scalars.get(d.name.split("[", 1)[0], _ABSENT)
+            (agree if va == vb else differ).append(r)
+            continue
+        ra, rb = sa.by_key().get((d.kind, d.name)), sb.by_key().get((d.kind, d.name))
+        if ra is None or rb is None:
+            continue
+        (agree if compare_records(None, None, d.step, ra, rb, tolerance) else differ).append(r)
+    return tuple(agree), tuple(differ)
+
+
+def _rank_env(ta: Mapping[int, Trace], tb: Mapping[int, Trace]) -> tuple[EnvChange, ...]:
+    """Environment differences of rank 0 on both sides, world size and backend first."""
+    def dist(t: Mapping[int, Trace]) -> dict[str, Any]:
+        first = t[min(t)]
+        d = first.manifest.extra.get("distributed") if isinstance(first.manifest.extra, dict) else None
+        d = d if isinstance(d, dict) else {}
+        return {"world_size": d.get("world_size") or len(t), "backend": d.get("backend")}
+
+    da, db = dist(ta), dist(tb)
+    head = [EnvChange(f"distributed.{k}", da[k], db[k], "numerics") for k in ("world_size", "backend") if da[k] != db[k]]
+    shown = {c.path for c in head}
+    rest = [c for c in diff_environments(ta[min(ta)].manifest.environment, tb[min(tb)].manifest.environment)
+            if c.path not in shown]
+    return tuple(head + rest)
+
+
+def compare_ranked(ta: Mapping[int, Trace], tb: Mapping[int, Trace], tolerance: Tolerance | None = None, *,
+                   a: str = "A", b: str = "B") -> Comparison:
+    """Compare two traces read as ``{rank: Trace}``: rank r of A with rank r of B.
+
+    The first divergence is the first by step, then chain order, then lowest rank; it
+    carries its ``rank`` and which other ranks agree there. A different world size (or a
+    flat trace against a multi-rank one) is an environment difference shown first and a
+    structural difference; the ranks both hold are still compared.
+    """
+    from reprobisect.core import distributed as dist_checks
+
+    common = sorted(set(ta) & set(tb))
+    if not common:
+        raise UsageError(f"traces '{a}' and '{b}' share no rank; nothing to compare")
+    tolerance, reason = _resolve_tolerance(ta[common[0]], tb[common[0]], tolerance)
+    per = {r: compare_traces(ta[r], tb[r], tolerance) for r in common}
+    found = sorted(((_chain_key(d, r), replace(d, rank=r)) for r, c in per.items()
+                    for d in ((c.first,) if c.first is not None else ()) + c.next), key=lambda kd: kd[0])
+    divs = [d for _, d in found]
+    first = divs[0] if divs else None
+    if first is not None:
+        agree, differ = _agreement(ta, tb, first, common, tolerance)
+        first = replace(first, agree=agree, differ=differ)
+    structure = [f"rank {r}: {per[r].structure}" for r in common if per[r].structure]
+    only_a, only_b = sorted(set(ta) - set(tb)), sorted(set(tb) - set(ta))
+    if only_a or only_b:
+        said = [f"A has {len(ta)} rank(s), B has {len(tb)}"]
+        said += [f"rank(s) {_ranges(o)} only in {side}" for side, o in (("A", only_a), ("B", only_b)) if o]
+        structure.insert(0, "; ".join(said) + f" (compared rank(s) {_ranges(common)})")
+    base = per[first.rank] if first is not None else per[common[0]]
+    hints = list(base.hints) + dist_checks.rank_local_hints(per)
+    per_step: dict[int, list[int]] = {}
+    for c in per.values():
+        for st in c.per_step:
+            acc = per_step.setdefault(st.step, [0, 0, 0, 0])
+            for i, v in enumerate((st.records, st.identical, st.close, st.differ)):
+                acc[i] += v
+    notes = [f"rank {r}: {per[r].note}" for r in common if per[r].note]
+    return replace(
+        base, a=a, b=b, tolerance=tolerance, tolerance_reason=reason, env=_rank_env(ta, tb),
+        steps_a=tuple(s.step for s in ta[min(ta)].steps), steps_b=tuple(s.step for s in tb[min(tb)].steps),
+        steps_compared=max(c.steps_compared for c in per.values()),
+        records_compared=sum(c.records_compared for c in per.values()),
+        first=first, next=tuple(divs[1:1 + _MAX_NEXT]), divergences=sum(c.divergences for c in per.values()),
+        per_step=tuple(StepSummary(k, *v) for k, v in sorted(per_step.items())),
+        structure="; ".join(structure), note="; ".join(notes),
+        tensors_read=sum(c.tensors_read for c in per.values()), bytes_read=sum(c.bytes_read for c in per.values()),
+        status_a=_top_status(ta), status_b=_top_status(tb), hints=tuple(dict.fromkeys(hints)),
+        ranks=tuple(common), world_size_a=len(ta), world_size_b=len(tb),
+        rank_firsts=tuple(replace(per[r].first, rank=r) for r in common if per[r].first is not None),
+        findings=tuple(f"A: {f}" for f in dist_checks.findings(ta)) + tuple(f"B: {f}" for f in dist_checks.findings(tb)),
+    )
+
+
+def _top_status(t: Mapping[int, Trace]) -> str:
+    statuses = [t[r].manifest.status for r in sorted(t)]
+    return next((s for s in statuses if s != "complete"), "complete")

@@ -45,6 +45,9 @@ INFO_PATHS = (
     "tensorflow.keras.api.how",
     "keras.note",
     "keras.api.how",
+    "distributed.rendezvous",
+    "distributed.rank",
+    "distributed.local_rank",
 )
 """Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
 

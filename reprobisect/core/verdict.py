@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from reprobisect.core.compare import Tolerance, compare_paths
 from reprobisect.core.outcome import Outcome, Status, VerdictKind
 from reprobisect.errors import ProbeError, UsageError
-from reprobisect.trace.reader import read_trace
+from reprobisect.trace.ranks import open_ranks
+from reprobisect.trace.reader import Trace
 
 __all__ = [
     "CHECKS",
@@ -126,15 +127,27 @@ def compare_results(a: Any, b: Any, tolerance: Any = None) -> Any:
 
 def nonfinite_in(trace_dir: str) -> str | None:
     """Name the first record or scalar holding NaN/Inf in a sealed trace, or None."""
-    tr = read_trace(trace_dir, allow_incomplete=True)
+    traces = open_ranks(trace_dir, allow_incomplete=True)
+    found = []
+    for rank, tr in traces.items():
+        said = _nonfinite_in(tr)
+        if said is not None:
+            found.append((said[0], rank, said[1]))
+    if not found:
+        return None
+    step, rank, said = min(found)
+    return f"{said} (rank {rank})" if len(traces) > 1 else said
+
+
+def _nonfinite_in(tr: Trace) -> tuple[int, str] | None:
     for st in tr.steps:
         for r in st.records:
             if (r.stat("nan") or 0) > 0 or (r.stat("inf") or 0) > 0:
-                return f"{r.kind} '{r.name}' at step {st.step} holds NaN/Inf"
+                return st.step, f"{r.kind} '{r.name}' at step {st.step} holds NaN/Inf"
         for k, v in (st.scalars or {}).items():
             try:
                 if isinstance(v, (int, float, str)) and not isinstance(v, bool) and not math.isfinite(float(v)):
-                    return f"scalar '{k}' at step {st.step} is {v}"
+                    return st.step, f"scalar '{k}' at step {st.step} is {v}"
             except ValueError:
                 continue
     return None

@@ -7,7 +7,9 @@ Plain text with ``·`` separators: it reads the same piped into a file as on a t
 A comparison of sentinel traces (``--detail sentinel``) names the sentinel that first
 differed (``first divergence at step 7: sentinel param 'fc.weight' (after the step)``) and
 the last step before it after which both traces hold complete state (where a full-detail
-replay starts).
+replay starts). A comparison of multi-rank traces names the rank (``step 0 · rank 1 ·
+input · x``), which other ranks agree there, each rank's own first divergence (``arrived
+through a collective`` where its input agreed), and the distributed findings of each trace.
 """
 
 from __future__ import annotations
@@ -97,13 +99,16 @@ _LOC = {
     "propagation": "propagation of an earlier difference",
     "unknown": "module inputs were not recorded: origin unknown",
     "first": "first broken link",
+    "arrival": ("arrived through a collective: its input agrees on both sides on this rank, its output does not "
+                "(another rank's input differs)"),
 }
 
 
 def render_divergence(d: Any, *, with_localization: bool = False) -> str:
     """A ``Divergence`` on one line: ``step 0 · activation · encoder.norm (LayerNorm) · max abs 3.1e-07 · 412/1536 elements``."""
     name = f"{d.name} ({d.module})" if d.module else d.name
-    parts = [f"step {d.step}", d.kind, name]
+    rank = getattr(d, "rank", None)
+    parts = [f"step {d.step}", *([f"rank {rank}"] if rank is not None else []), d.kind, name]
     if d.verdict == "missing":
         parts.append(f"missing: only in {d.only_in.upper() if d.only_in else '?'}")
         if d.diff.detail and d.kind == "step":
@@ -118,7 +123,24 @@ def render_divergence(d: Any, *, with_localization: bool = False) -> str:
                  "or gradients: a full-detail replay of this step names its first broken link)")
     elif with_localization and d.localization in _LOC:
         line += f"\n    ↳ {_LOC[d.localization]}"
+    if with_localization and rank is not None:
+        line += _ranks_line(d)
     return line
+
+
+def _ranks_line(d: Any) -> str:
+    """Which other ranks agree at a multi-rank divergence (``Divergence.agree``/``differ``)."""
+    agree, differ = getattr(d, "agree", None), getattr(d, "differ", None)
+    if agree is None and differ is None:
+        return ""
+    parts = []
+    if agree:
+        parts.append(f"rank{'s' if len(agree) > 1 else ''} {', '.join(map(str, agree))} agree{'' if len(agree) > 1 else 's'} here")
+    if differ:
+        parts.append(f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} here too")
+    if not parts:
+        return f"\n    ↳ no other rank holds this record at step {d.step}"
+    return "\n    ↳ " + "; ".join(parts)
 
 
 def sentinel_text(d: Any) -> str:
@@ -156,6 +178,8 @@ def render_comparison(c: Any) -> str:
     """The whole ``Comparison`` as text; environment differences come first."""
     lines = [f"A: {c.a} ({c.status_a}, {len(c.steps_a)} steps)", f"B: {c.b} ({c.status_b}, {len(c.steps_b)} steps)"]
     lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
+    if getattr(c, "ranks", ()):
+        lines = [line[:-1] + f", {n} rank{'s' if n != 1 else ''})" for line, n in zip(lines, (c.world_size_a, c.world_size_b))]
     lines.extend(render_env(c.env))
     lines.append(f"tolerance: {c.tolerance.describe()} — {c.tolerance_reason}")
     read = f"; read {c.tensors_read} full tensor(s), {c.bytes_read} bytes" if c.tensors_read else "; no full tensor read"
@@ -166,6 +190,7 @@ def render_comparison(c: Any) -> str:
         lines.append(f"note: {c.note}")
     if getattr(c, "sentinel", False):
         lines.append(_detail_line(c))
+    lines.extend(f"distributed: {f}" for f in getattr(c, "findings", ()))
     if c.first is None:
         lines.append("verdict: AGREE" if c else "verdict: DIVERGED (structure)")
         closes = sum(s.close for s in c.per_step)
@@ -177,6 +202,12 @@ def render_comparison(c: Any) -> str:
     explanation = getattr(c, "explanation", "")
     if explanation:
         lines.append(f"    ↳ likely explanation: {explanation}")
+    firsts = getattr(c, "rank_firsts", ())
+    if len(firsts) > 1:
+        lines.append("first divergence of each rank:")
+        for d in firsts:
+            how = " (arrived through a collective)" if d.localization == "arrival" else ""
+            lines.append(f"  {render_divergence(d)}{how}")
     origin = c.origin
     if origin is not None and origin is not c.first:
         lines.append("first origin (inputs agree, output differs):")
@@ -194,6 +225,8 @@ def render_comparison(c: Any) -> str:
         more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
         lines.append(f"per step (differing/records): {tally}{more}")
     what = sentinel_text(c.first) if getattr(c.first, "sentinel", None) else f"{c.first.kind} {c.first.name}"
+    if getattr(c.first, "rank", None) is not None:
+        what = f"rank {c.first.rank}, {what}"
     lines.append(f"verdict: DIVERGED at step {c.first.step} ({what})")
     lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
     return "\n".join(lines)

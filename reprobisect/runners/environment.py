@@ -21,6 +21,12 @@ diff reads well (``reprobisect.core.envdiff``):
 ``keras``        the same Keras record when Keras runs without TensorFlow (JAX or torch
                  backend), with a ``note`` saying that the TF recorder records nothing then
 ``env_vars``     variables that change numerics (set ones only; absent = unset)
+``distributed``  a distributed run (torch.distributed initialized, or ``WORLD_SIZE`` set):
+                 world size, backend, rank, local rank, local world size, this rank's
+                 device, the settings of collectives not in ``env_vars`` (``GLOO_*``,
+                 ``TORCH_DISTRIBUTED_DEBUG``; ``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_*`` and
+                 ``TORCH_NCCL_*`` are in ``env_vars``) and, as
+                 information only, the rendezvous (``MASTER_ADDR``/``MASTER_PORT``)
 ``probe``        where the executor placed this probe (``REPROBISECT_PROBE_*``: Ray node,
                  device type, pair placement); information, not numerics
 ``git``          revision + dirty flag of the repository around the cwd (null outside git)
@@ -53,7 +59,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect_environment", "revision_of", "note_tf_execution", "keras_api_of", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
+__all__ = ["collect_environment", "distributed_info", "revision_of", "note_tf_execution", "keras_api_of", "PACKAGES", "NUMERICS_ENV_VARS", "NUMERICS_ENV_PREFIXES"]
 
 PACKAGES = (
     "torch",
@@ -429,6 +435,51 @@ def _env_vars() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+_DIST_VAR_PREFIXES = ("GLOO_", "TORCH_DISTRIBUTED_DEBUG")
+"""Variables of collectives kept under ``distributed.env`` (``NCCL_*`` and ``TORCH_NCCL_*``
+are under ``env_vars`` already, through ``NUMERICS_ENV_PREFIXES``)."""
+_RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def distributed_info() -> dict[str, Any] | None:
+    """The distributed side of this process, or None for a single-process run: world size,
+    backend, rank, local rank and device (from ``torch.distributed`` when it is initialized,
+    else from torchrun's variables), the variables that change collectives' numerics or
+    order, and the rendezvous (information: a free port differs every run)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    initialized = bool(dist is not None and _guard(lambda: dist.is_available() and dist.is_initialized()) is True)
+    world = _int_env("WORLD_SIZE")
+    if not initialized and (world is None or world <= 1):
+        return None
+    info: dict[str, Any] = {"world_size": world, "backend": None, "rank": _int_env("RANK"),
+                            "local_rank": _int_env("LOCAL_RANK"), "local_world_size": _int_env("LOCAL_WORLD_SIZE"),
+                            "device": None}
+    if initialized:
+        info["world_size"] = _guard(dist.get_world_size)
+        info["rank"] = _guard(dist.get_rank)
+        info["backend"] = _guard(lambda: str(dist.get_backend()))
+        info["device"] = _guard(_rank_device, torch, info["backend"])
+    info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_DIST_VAR_PREFIXES)}
+    info["rendezvous"] = {k: os.environ[k] for k in _RENDEZVOUS_VARS if k in os.environ}
+    return info
+
+
+def _rank_device(torch, backend: Any) -> str:
+    """The device this rank's collectives run on: the current accelerator for NCCL-like
+    backends, else the CPU."""
+    if isinstance(backend, str) and "nccl" in backend and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
 def _probe_vars() -> dict[str, str]:
     """Where the executor placed this probe (``REPROBISECT_PROBE_*``: Ray node, device, pairing)."""
     prefix = "REPROBISECT_PROBE_"
@@ -580,6 +631,9 @@ def collect_environment(extra: dict | None = None) -> dict[str, Any]:
         env["tensorflow"] = _guard(_tensorflow, tf)
     elif sys.modules.get("keras") is not None:  # Keras on JAX/torch: no TF, the backend says what is recorded
         env["keras"] = _guard(_keras, sys.modules["keras"])
+    dist = _guard(distributed_info)
+    if dist is not None:
+        env["distributed"] = dist
     env["git"] = _guard(_git, cwd)
     root = env["git"].get("root") if isinstance(env["git"], dict) else None
     env["data"] = _guard(_data, root or cwd)

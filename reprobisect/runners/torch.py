@@ -263,6 +263,7 @@ class _Entry:
     array: np.ndarray | None = None
     record: Record | None = None  # already finished (batch ids)
     seq: int = 0
+    meta: dict[str, Any] | None = None  # the record's meta (collectives, buffers: runners.distributed_torch)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -301,6 +302,15 @@ class _Batch:
     tensors: list[tuple[int, fpt.Pending, torch.Tensor]]  # (index in the batch, fingerprint, tensor)
     seen_by: set[int]  # roots that ran an evaluation forward while it was pending
     run: dict[str, Any] | None = None  # the evaluation run that first used it
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a distributed tensor (FSDP2's DTensor parameters: the local shard);
+    any other tensor itself."""
+    if type(t) is torch.Tensor:
+        return t
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None and hasattr(t, "device_mesh") else t
 
 
 def _fingerprintable(t: torch.Tensor) -> bool:
@@ -417,6 +427,7 @@ class TorchRecorder:
         self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
         self._capped_noted = False
         self._fwd_hooks: Any = None
+        self._dist: Any = None  # runners.distributed_torch.DistributedObserver, once installed
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -455,7 +466,7 @@ class TorchRecorder:
         hit = self._cache.get(id(t))
         if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
             return hit[2]
-        p = fpt.begin(t, with_stats=self.policy.stats)
+        p = fpt.begin(_local(t), with_stats=self.policy.stats)
         if v is not None:
             self._cache[id(t)] = (weakref.ref(t), v, p)
         return p
@@ -472,7 +483,7 @@ class TorchRecorder:
                 out[k] = hit[2]
             else:
                 miss.append(k)
-        for k, p in zip(miss, batched_torch.begin_many([ts[k] for k in miss], with_stats=self.policy.stats)):
+        for k, p in zip(miss, batched_torch.begin_many([_local(ts[k]) for k in miss], with_stats=self.policy.stats)):
             out[k] = p
             v = _version(ts[k])
             if v is not None:
@@ -509,8 +520,8 @@ class TorchRecorder:
             self._t0 = time.perf_counter()
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         if pending is None:
-            pending = fpt.begin(t, with_stats=self.policy.stats) if fresh else self._begin(t)
-        t = t.detach()
+            pending = fpt.begin(_local(t), with_stats=self.policy.stats) if fresh else self._begin(t)
+        t = _local(t.detach())
         e = _Entry(kind=kind, name=name, pending=pending, source=t, module=module, inputs=inputs)
         if self._full:
             self._keep_array(e, t)
@@ -569,6 +580,11 @@ class TorchRecorder:
         self._wrap_seed()
         if self.policy.zoom_module is not None and self.policy.zoom_step is not None:
             self._install_zoom()
+        from reprobisect.runners import distributed_torch  # collectives and ranks (idle unless used)
+
+        self._dist = distributed_torch.install(self)
+        if self._dist is not None:
+            self._undo.append(self._dist.remove)
         self._installed = True
         global ACTIVE
         ACTIVE = self
@@ -838,6 +854,18 @@ class TorchRecorder:
         for path, p in module.named_parameters():
             self._param_names[id(p)] = user_path(path)
             self._watch_grad(p)
+
+    def add_pending(self, kind: str, name: str, pending: fpt.Pending, meta: dict[str, Any] | None = None) -> None:
+        """Buffer an already begun fingerprint as the step's next record ``kind name``
+        (``runners.distributed_torch``: what entered or left a collective)."""
+        e = _Entry(kind=kind, name=name, pending=pending, meta=meta)
+        e.seq = len(self._entries)
+        self._entries.append(e)
+
+    def primary_module(self) -> torch.nn.Module | None:
+        """The model (the first root module), if it is still alive."""
+        hit = self._roots.get(self._primary) if self._primary is not None else None
+        return hit[0]() if hit is not None else None
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizers.add(optimizer)
@@ -1386,6 +1414,8 @@ class TorchRecorder:
 
     def _end_step(self, opt: torch.optim.Optimizer | None) -> None:
         t_end = time.perf_counter()
+        if self._dist is not None:
+            self._dist.end_step()  # the step's collectives (and a distributed run's buffers)
         self._settle_batches()
         t_fin = time.perf_counter()
         records, done_pending = self._finish_records()
@@ -1458,7 +1488,8 @@ class TorchRecorder:
             if e.inputs is not None:
                 ins = tuple(done_pending[id(q)][0] for q in e.inputs)
             rec = Record(
-                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins
+                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins,
+                meta=e.meta,
             )
             records.append((e, rec))
         records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))

@@ -11,6 +11,11 @@ A trace is a folder::
 Chain order within a step is what makes "first" meaningful: ``KINDS`` lists it.
 ``init`` (the parameters before the first update, step 0 only) comes first, so that an
 unseeded or changed initialization is named as such rather than at a later record.
+``collective`` records (a distributed run: ``reprobisect.runners.distributed_torch``) hold
+what entered (``NAME/in``) and left (``NAME/out``) each collective that carries training
+data -- a DDP gradient bucket, a c10d all-reduce/broadcast/all-gather/reduce-scatter -- in
+the order the calls were made; they come before ``grad``, since the gradients an optimizer
+steps with are what the collectives left. Their ``meta`` says which op and bucket.
 Evaluation (forward passes under ``no_grad``/``inference_mode``, Lightning's sanity check,
 validation and test) is never a record: it is summarised in the step's ``scalars["eval"]``,
 which compare does not use for its verdict.
@@ -54,7 +59,7 @@ __all__ = [
 
 FORMAT = "reprobisect-trace"
 VERSION = 1
-KINDS = ("init", "batch", "input", "activation", "output", "loss", "grad", "param", "optim_state")
+KINDS = ("init", "batch", "input", "activation", "output", "loss", "collective", "grad", "param", "optim_state")
 STATUSES = ("complete", "incomplete", "failed")
 STAT_KEYS = ("norm", "min", "max", "mean", "nan", "inf")
 DETAILS = ("full", "sentinel")

@@ -260,6 +260,9 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
     sealed = manifest.status != "incomplete"
     steps_path = _inside(path, "steps.jsonl")
     if not steps_path.is_file():
+        if (path / "ranks").is_dir():
+            raise TraceError(f"trace '{path}' is a multi-rank trace (one shard per rank under ranks/); "
+                             "read it with reprobisect.trace.ranks.open_ranks")
         raise TraceError(f"trace '{path}' has no steps.jsonl (truncated copy?); re-capture it")
     if sealed:
         _check_files(path, manifest)

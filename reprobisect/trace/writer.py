@@ -150,6 +150,16 @@ class TraceWriter:
         self._last_step = -1
         self._closed = False
 
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The manifest's ``extra`` so far (a copy)."""
+        return dict(self._manifest.extra)
+
+    def update_extra(self, extra: Mapping[str, Any]) -> None:
+        """Merge ``extra`` into the manifest's ``extra`` now (what a recorder learns during
+        the run, e.g. a distributed run's rank and backend); written when sealed."""
+        self._manifest.extra.update(extra)
+
     # -- steps ---------------------------------------------------------------------
 
     @property

@@ -32,7 +32,7 @@ from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import compare_results
 from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
-from reprobisect.trace.reader import read_trace
+from reprobisect.trace.ranks import read_rank0
 from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs"]
@@ -139,8 +139,8 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
             p.advance()
         if not all(r.outcome for r in results):
             raise _failed(results, "cannot compare the environments")
-        ta = read_trace(results[0].trace_dir, allow_incomplete=True)
-        tb = read_trace(results[1].trace_dir, allow_incomplete=True)
+        ta = read_rank0(results[0].trace_dir, allow_incomplete=True)  # rank 0 of a multi-rank trace
+        tb = read_rank0(results[1].trace_dir, allow_incomplete=True)
         changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
         comp = compare_results(results[0], results[1], options.tolerance_for("default"))
     return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)

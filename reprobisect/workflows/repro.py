@@ -29,7 +29,7 @@ from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.render.runs import divergence_place
 from reprobisect.workflows.escalate import Escalation, escalate
 from reprobisect.support.progress import progress
-from reprobisect.trace.reader import read_trace
+from reprobisect.trace.ranks import open_ranks, read_rank0
 
 __all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "spec_for"]
 
@@ -102,7 +102,7 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
     if check == "match" and reference is None:
         raise UsageError("--check match needs --reference TRACE (a trace of the good run, from bisect capture)")
     if reference is not None:
-        read_trace(reference)  # a bad reference is the user's mistake: say so before probing
+        open_ranks(reference)  # a bad reference is the user's mistake: say so before probing
     tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
     with executor_for(options) as ex:
@@ -179,7 +179,7 @@ class ReproResult:
 def _env_settings(trace_dir: str | None) -> dict[str, Any]:
     if not trace_dir:
         return {}
-    env = read_trace(trace_dir, allow_incomplete=True).manifest.environment
+    env = read_rank0(trace_dir, allow_incomplete=True).manifest.environment
     out: dict[str, Any] = {}
     for k in ("env_vars", "determinism"):
         if isinstance(env.get(k), dict):

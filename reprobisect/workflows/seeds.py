@@ -52,7 +52,8 @@ from reprobisect.core.verdict import compare_results
 from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.format import Record, Step
-from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.trace.ranks import read_rank0
+from reprobisect.trace.reader import Trace
 from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = [
@@ -544,7 +545,7 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
             p.advance()
         if not all(r.outcome for r in results):
             raise _failed(results, "cannot map seed sensitivity")
-        traces = [read_trace(r.trace_dir, allow_incomplete=True) for r in results]
+        traces = [read_rank0(r.trace_dir, allow_incomplete=True) for r in results]  # rank 0 of a multi-rank trace
         comps = seed_map(traces, seeds)
         nf = noise_floor(traces) if noise else None
         first = compare_results(results[0], results[1], "bitwise")

@@ -1,0 +1,328 @@
+"""What a distributed PyTorch run sends between ranks, recorded as ``collective`` records.
+
+Installed by the torch recorder (``TorchRecorder.install``) in every process; it does
+nothing until ``torch.distributed`` is used. Then it records:
+
+- **the rank** (``extra.distributed`` of the shard's manifest and ``environment.
+  distributed``: rank, local rank, world size, backend, device; see
+  ``runners.environment.distributed_info``);
+- **DDP gradient buckets**: a DDP communication hook, registered at the wrapped model's
+  first forward without any change to the user's code (``DistributedDataParallel.
+  __init__`` is wrapped to remember the model). The hook does what DDP's built-in
+  all-reduce does, bit for bit: the bucket is scaled by ``1 / world size`` (a multiply by
+  the double reciprocal, as DDP's reducer does without a hook) and summed with one
+  all-reduce. A hook the user registers is kept and observed (wrapped), not replaced; a
+  built-in hook the user registers (``register_builtin_comm_hook``) is left alone (its
+  buckets are then not recorded);
+- **c10d collectives**: ``all_reduce``, ``broadcast``, ``all_gather``,
+  ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``reduce``
+  and FSDP2's ``all_gather_single``/``reduce_scatter_single``, called through
+  ``torch.distributed`` (FSDP2, hand-written synchronisation). Calls made while the
+  forward runs (FSDP2's parameter all-gathers) sit with the other collectives of the
+  step, after the loss: chain order has one place for collectives.
+
+Each collective gives two records, ``NAME/in`` (what this rank put in, fingerprinted
+before the call) and ``NAME/out`` (what it got back, fingerprinted when the call
+completed): ``ddp.bucket3/in``, ``all_reduce.0/out`` (the k-th call of that op in the
+step; ``#1`` marks a bucket's second reduction in a step). ``meta`` says ``op``, ``io``
+and, for DDP, ``bucket``. They are recorded at the end of the step they happened in and
+sit before the gradients in chain order (``trace.format.KINDS``), so compare tells a
+difference that *originates* on a rank (its input differs) from one that *arrives*
+through a collective (its input agrees, its output does not).
+
+Besides: the model's buffers (BatchNorm running statistics) are recorded after each step
+as ``param`` records (``meta.buffer``) in a distributed run only, since ranks whose
+buffers drift apart break DDP's invariant without touching any parameter.
+
+Observers observe: fingerprints read tensors and never write them; the comm hook only
+replaces DDP's built-in one with the same arithmetic (tests/test_distributed.py checks a
+recorded DDP run's parameters equal an unrecorded one's).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from reprobisect.runners import fingerprint_torch as fpt
+
+__all__ = ["DistributedObserver", "install"]
+
+_C10D_OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+             "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "reduce")
+_MARK = "_reprobisect_observed"
+
+
+def _dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # a torch built without distributed support
+        return None
+    return dist if dist.is_available() else None
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        out: list[torch.Tensor] = []
+        for y in x:
+            out.extend(_tensors(y))
+        return out
+    return []
+
+
+def _io(op: str, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors a c10d call reads and the ones it writes (first positional arguments)."""
+    def arg(i: int, name: str) -> Any:
+        return args[i] if len(args) > i else kwargs.get(name)
+
+    if op in ("all_reduce", "broadcast", "reduce"):
+        t = _tensors(arg(0, "tensor"))
+        return t, t
+    if op == "all_gather":
+        return _tensors(arg(1, "tensor")), _tensors(arg(0, "tensor_list"))
+    if op in ("all_gather_into_tensor", "all_gather_single"):
+        return _tensors(arg(1, "input_tensor")), _tensors(arg(0, "output_tensor"))
+    if op == "reduce_scatter":
+        return _tensors(arg(1, "input_list")), _tensors(arg(0, "output"))
+    if op in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        return _tensors(arg(1, "input")), _tensors(arg(0, "output"))
+    return [], []
+
+
+def _one(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors of one side of a call as one tensor to fingerprint (a flat concatenation of several)."""
+    ts = [t for t in ts if t.layout == torch.strided]
+    if not ts:
+        return None
+    if len(ts) == 1:
+        return ts[0].detach()
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1) for t in ts])
+
+
+class DistributedObserver:
+    """Records the collectives of one process into its ``TorchRecorder`` (see the module docstring)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.rec = recorder
+        self.lock = threading.Lock()
+        self.pending: list[tuple[str, str, str, fpt.Pending, dict[str, Any]]] = []
+        self.counts: dict[str, int] = {}
+        self.undo: list[Callable[[], None]] = []
+        self.models: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.info: dict[str, Any] | None = None
+        self.user_builtin = False
+        self.local = threading.local()  # .in_hook: inside a DDP comm hook (its own c10d calls are the bucket's)
+
+    # -- install ----------------------------------------------------------------
+
+    def install(self) -> "DistributedObserver":
+        dist = _dist()
+        if dist is None:
+            return self
+        for op in _C10D_OPS:
+            orig = getattr(dist, op, None)
+            if orig is None or getattr(orig, _MARK, False):
+                continue
+            self._patch(dist, op, self._c10d(op, orig))
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except ImportError:
+            return self
+        self._wrap_ddp(DDP)
+        return self
+
+    def remove(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+    def _patch(self, owner: Any, attr: str, new: Callable) -> None:
+        old = owner.__dict__[attr]
+        setattr(owner, attr, new)
+        self.undo.append(lambda: setattr(owner, attr, old))
+
+    def _wrap_ddp(self, DDP: Any) -> None:
+        obs = self
+        init, register = DDP.__init__, DDP.register_comm_hook
+        builtin_name = next((n for n in ("_register_builtin_comm_hook", "register_builtin_comm_hook")
+                             if n in DDP.__dict__), None)
+        builtin = DDP.__dict__[builtin_name] if builtin_name else None
+
+        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
+            init(ddp, *args, **kwargs)
+            obs.models.add(ddp)
+            ddp.__dict__["_reprobisect_hook"] = None  # none yet: ours goes in at the first forward
+            ddp.__dict__["_reprobisect_pre"] = ddp.register_forward_pre_hook(obs._first_forward)
+
+        def register_comm_hook(ddp: Any, state: object, hook: Callable) -> None:
+            ddp.__dict__["_reprobisect_hook"] = "user"
+            return register(ddp, state, obs.observed(hook, ddp))
+
+        def register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
+            ddp.__dict__["_reprobisect_hook"] = "builtin"
+            obs.user_builtin = True
+            return builtin(ddp, comm_hook_type)
+
+        todo = [("__init__", __init__, init), ("register_comm_hook", register_comm_hook, register)]
+        if builtin_name:
+            todo.append((builtin_name, register_builtin_comm_hook, builtin))
+        for name, fn, old in todo:
+            fn.__wrapped__ = old  # type: ignore[attr-defined]
+            fn.__doc__ = old.__doc__
+            self._patch(DDP, name, fn)
+
+    def _first_forward(self, ddp: Any, args: Any) -> None:
+        handle = ddp.__dict__.pop("_reprobisect_pre", None)
+        if handle is not None:
+            handle.remove()  # once: the hook is in (or the user's is)
+        if ddp.__dict__.get("_reprobisect_hook") is not None or self.rec.done:
+            return
+        ddp.__dict__["_reprobisect_hook"] = "ours"
+        try:
+            DDP = type(ddp)
+            register = getattr(DDP.register_comm_hook, "__wrapped__", DDP.register_comm_hook)
+            register(ddp, ddp.process_group, self.observed(_allreduce_like_ddp, ddp))
+        except Exception as e:  # never break the user's training for an observation
+            self.rec.notes.append(f"DDP gradient buckets not recorded: {type(e).__name__}: {e}")
+
+    # -- recording --------------------------------------------------------------
+
+    def _name(self, base: str) -> str:
+        k = self.counts.get(base, 0)
+        self.counts[base] = k + 1
+        return base if k == 0 else f"{base}#{k}"
+
+    def _add(self, name: str, io: str, t: torch.Tensor | None, meta: dict[str, Any]) -> None:
+        if t is None or self.rec.done or getattr(self.rec, "_quiet", 0) or getattr(self.rec, "_sentinel", False):
+            return
+        with torch.no_grad():
+            p = fpt.begin(t, with_stats=self.rec.policy.stats)
+        with self.lock:
+            self.pending.append((name, io, f"{name}/{io}", p, {**meta, "io": io}))
+
+    def observed(self, hook: Callable, ddp: Any) -> Callable:
+        """``hook`` with what enters and leaves each bucket recorded (its result unchanged)."""
+        obs = self
+
+        def observed_hook(state, bucket):  # no annotations: DDP checks them against its own types
+            idx = bucket.index()
+            with obs.lock:
+                name = obs._name(f"ddp.bucket{idx}")
+            meta = {"op": "ddp_allreduce", "bucket": idx}
+            obs._add(name, "in", bucket.buffer(), meta)
+            obs.local.in_hook = True
+            try:
+                fut = hook(state, bucket)
+            finally:
+                obs.local.in_hook = False
+
+            def done(f: Any) -> Any:
+                out = f.value()
+                obs._add(name, "out", _one(_tensors(out)), meta)
+                return out
+
+            return fut.then(done)
+
+        observed_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
+        return observed_hook
+
+    def _c10d(self, op: str, orig: Callable) -> Callable:
+        obs = self
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if obs.rec.done or getattr(obs.local, "in_hook", False):
+                return orig(*args, **kwargs)
+            ins, outs = _io(op, args, kwargs)
+            with obs.lock:
+                k = obs.counts.get(op, 0)
+                obs.counts[op] = k + 1
+            name, meta = f"{op}.{k}", {"op": op}
+            obs._add(name, "in", _one(ins), meta)
+            work = orig(*args, **kwargs)
+            if work is not None and hasattr(work, "get_future"):  # async_op=True: recorded when it completes
+                try:
+                    work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta))
+                except Exception:  # a backend without futures: the output is not recorded
+                    pass
+            else:
+                obs._add(name, "out", _one(outs), meta)
+            return work
+
+        setattr(call, _MARK, True)
+        call.__wrapped__ = orig  # type: ignore[attr-defined]
+        call.__doc__ = orig.__doc__
+        call.__name__ = op
+        return call
+
+    # -- end of a step ----------------------------------------------------------
+
+    def end_step(self) -> None:
+        """Called by the recorder when a step ends: buffer the step's collective records
+        (and, in a distributed run, the model's buffers after the step)."""
+        with self.lock:
+            items, self.pending, self.counts = self.pending, [], {}
+        dist = _dist()
+        active = dist is not None and dist.is_initialized()
+        if active and self.info is None:
+            self._note_info()
+        for _name, _io_, full, p, meta in items:
+            self.rec.add_pending("collective", full, p, meta)
+        if active and dist.get_world_size() > 1 and not getattr(self.rec, "_sentinel", False):
+            self._buffers()
+
+    def _buffers(self) -> None:
+        root = self.rec.primary_module()
+        if root is None:
+            return
+        items = [("param", name, b) for name, b in root.named_buffers() if isinstance(b, torch.Tensor)]
+        n = len(self.rec._entries)
+        self.rec._add_many(items)
+        for e in self.rec._entries[n:]:
+            e.meta = {"buffer": True}
+
+    def _note_info(self) -> None:
+        from reprobisect.runners.environment import distributed_info
+
+        info = distributed_info()
+        if info is None:
+            return
+        self.info = info
+        short = {k: info.get(k) for k in ("rank", "local_rank", "world_size", "backend", "device")}
+        self.rec.environment_extra["distributed"] = info
+        writer = self.rec.writer
+        if hasattr(writer, "update_extra"):
+            old = writer.extra.get("distributed") if hasattr(writer, "extra") else None
+            writer.update_extra({"distributed": {**(old if isinstance(old, dict) else {}), **short}})
+
+
+def _allreduce_like_ddp(process_group: Any, bucket: Any) -> Any:
+    """DDP's own gradient all-reduce, as a comm hook: scale by the double reciprocal of the
+    world size (what the reducer does when no hook is registered), then sum."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    group = process_group if process_group is not None else dist.group.WORLD
+    buf.mul_(1.0 / group.size())
+    work = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)(buf, group=group, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0])
+
+
+def install(recorder: Any) -> DistributedObserver | None:
+    """Install the observer for ``recorder`` (None when torch has no distributed support)."""
+    if _dist() is None:
+        return None
+    if os.environ.get("REPROBISECT_NO_DISTRIBUTED") == "1":
+        return None
+    obs = DistributedObserver(recorder)
+    try:
+        return obs.install()
+    except Exception as e:  # never break the user's run for an observation
+        obs.remove()
+        recorder.notes.append(f"collectives not recorded: {type(e).__name__}: {e}")
+        return None

@@ -1,0 +1,404 @@
+"""Multi-rank traces (issue 13): trace/ranks.py on synthetic shards, rank-aware compare,
+distributed findings, and real torchrun runs (gloo, CPU, 2 ranks) of a tiny DDP/FSDP2
+script (tests/distributed/ddp_train.py) recorded one shard per rank.
+
+TODO(issue 13 merge): the torchrun runs go through tests/distributed/record_rank.py (the
+launcher per rank, then ``assemble``) until helper boot's launcher records torchrun itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprobisect.core.compare import compare_paths
+from reprobisect.errors import TraceError
+from reprobisect.trace import TraceWriter, record_array
+from reprobisect.trace.ranks import assemble, is_multi_rank, open_ranks, rank_dir, world_size_of
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+ENV = {"device": "cpu", "packages": {"torch": {"version": "2.13.0"}}}
+
+
+# --------------------------------------------------------------------------------------
+# synthetic shards
+
+
+def _rec(kind: str, name: str, a: np.ndarray, meta: dict | None = None):
+    return record_array(name, kind, a, meta=meta)
+
+
+def shard(path: Path, rank: int, world: int, *, steps: int = 2, change=None, batch=None, seal: bool = True,
+          env: dict | None = None, ddp: bool = True) -> Path:
+    """One rank's shard: input, activation, loss, a DDP bucket (in = this rank's gradient,
+    out = the reduced one, same on every rank), grad, param (same on every rank)."""
+    w = TraceWriter(path, command=["python", "train.py"], environment={**(env or ENV), "distributed": {"world_size": world}},
+                    extra={"distributed": {"rank": rank, "local_rank": rank, "world_size": world,
+                                           "backend": "gloo", "device": "cpu"}})
+    for k in range(steps):
+        rng = np.random.default_rng(100 * k + rank)
+        common = np.random.default_rng(k)
+        arrays = [("input", "x", rng.standard_normal((2, 4)).astype(np.float32), None),
+                  ("activation", "fc", rng.standard_normal((2, 3)).astype(np.float32), None),
+                  ("loss", "loss", np.float32(rng.standard_normal()), None)]
+        if ddp:
+            arrays += [("collective", "ddp.bucket0/in", rng.standard_normal(15).astype(np.float32),
+                        {"op": "ddp_allreduce", "bucket": 0, "io": "in"}),
+                       ("collective", "ddp.bucket0/out", common.standard_normal(15).astype(np.float32),
+                        {"op": "ddp_allreduce", "bucket": 0, "io": "out"})]
+        arrays += [("grad", "fc.weight", common.standard_normal((3, 4)).astype(np.float32), None),
+                   ("param", "fc.weight", common.standard_normal((3, 4)).astype(np.float32), None)]
+        w.begin_step(k)
+        for kind, name, a, meta in arrays:
+            if change is not None:
+                a = change(rank, k, kind, name, a)
+            w.record(_rec(kind, name, a, meta))
+        w.end_step({}, batch_ids=batch(rank, k) if batch else [k * world * 2 + rank * 2, k * world * 2 + rank * 2 + 1])
+    if seal:
+        w.close("complete", outcome={"status": "ok", "detail": "ok"})
+    return path
+
+
+def multi(path: Path, world: int = 2, **kw) -> Path:
+    for r in range(world):
+        shard(rank_dir(path, r), r, world, **kw)
+    assemble(path, command=["torchrun", "train.py"], outcome={"status": "ok", "detail": "done"})
+    return path
+
+
+def test_flat_trace_reads_as_rank_0(tmp_path):
+    p = shard(tmp_path / "flat", 0, 1)
+    assert not is_multi_rank(p)
+    traces = open_ranks(p)
+    assert list(traces) == [0] and len(traces[0].steps) == 2
+    assert world_size_of(p) == 1
+
+
+def test_assemble_writes_the_top_manifest(tmp_path):
+    p = multi(tmp_path / "t")
+    assert is_multi_rank(p)
+    top = json.loads((p / "manifest.json").read_text())
+    assert top["status"] == "complete" and top["world_size"] == 2
+    assert [(r["rank"], r["path"], r["status"], r["steps"], r["device"]) for r in top["ranks"]] == [
+        (0, "ranks/rank-0", "complete", 2, "cpu"), (1, "ranks/rank-1", "complete", 2, "cpu")]
+    assert top["environment"]["distributed"] == {"world_size": 2}  # rank 0's
+    assert set(top["files"]) == {"ranks/rank-0/manifest.json", "ranks/rank-1/manifest.json"}
+    assert not (p / "steps.jsonl").exists()
+    traces = open_ranks(p)
+    assert sorted(traces) == [0, 1] and world_size_of(p) == 2
+
+
+def test_a_missing_rank_is_one_line(tmp_path):
+    p = tmp_path / "t"
+    shard(rank_dir(p, 0), 0, 2)
+    with pytest.raises(TraceError, match=r"missing rank 1 of world size 2 \(ranks/rank-1\)"):
+        open_ranks(p)
+    top = assemble(p, command=["torchrun"], outcome={"status": "ok"})
+    assert top["status"] == "failed" and "rank 1" in top["error"]
+
+
+def test_mismatched_world_sizes_are_one_line(tmp_path):
+    p = tmp_path / "t"
+    shard(rank_dir(p, 0), 0, 2)
+    shard(rank_dir(p, 1), 1, 4)
+    with pytest.raises(TraceError, match="different world sizes.*rank 0 says 2, rank 1 says 4"):
+        open_ranks(p)
+    with pytest.raises(TraceError, match="different world sizes"):
+        assemble(p, command=["torchrun"])
+
+
+def test_an_incomplete_shard_makes_the_top_status_name_the_rank(tmp_path):
+    p = tmp_path / "t"
+    shard(rank_dir(p, 0), 0, 2)
+    shard(rank_dir(p, 1), 1, 2, seal=False)
+    top = assemble(p, command=["torchrun"], outcome={"status": "ok"})
+    assert top["status"] == "failed"
+    assert "rank 1's shard is incomplete" in top["error"]
+    with pytest.raises(TraceError, match="did not complete.*rank 1"):
+        open_ranks(p)
+    assert sorted(open_ranks(p, allow_incomplete=True)) == [0, 1]
+
+
+def test_a_crashed_rank_names_itself_in_the_outcome(tmp_path):
+    p = tmp_path / "t"
+    shard(rank_dir(p, 0), 0, 2)
+    w = TraceWriter(rank_dir(p, 1), extra={"distributed": {"rank": 1, "world_size": 2}})
+    w.close("failed", outcome={"status": "crashed", "detail": "RuntimeError: boom", "step": 1}, error="crashed")
+    top = assemble(p, command=["torchrun"])
+    assert top["status"] == "failed" and top["outcome"]["rank"] == 1
+    assert top["outcome"]["status"] == "crashed" and top["outcome"]["detail"] == "rank 1: RuntimeError: boom"
+
+
+def test_a_shard_changed_after_assembly_is_refused(tmp_path):
+    p = multi(tmp_path / "t")
+    shard(rank_dir(p, 1), 1, 2, steps=1)  # replaced by another run's shard
+    with pytest.raises(TraceError, match="modified after it was assembled"):
+        open_ranks(p)
+
+
+def test_multi_rank_compare_names_rank_and_agreeing_ranks(tmp_path):
+    a = multi(tmp_path / "a", world=3)
+
+    def bump(rank, k, kind, name, x):
+        return x + np.float32(1e-3) if (rank, k, kind) == (2, 1, "activation") else x
+
+    b = multi(tmp_path / "b", world=3, change=bump)
+    assert compare_paths(a, multi(tmp_path / "a2", world=3))
+    c = compare_paths(a, b)
+    assert not c and c.first.rank == 2 and c.first.step == 1 and c.first.kind == "activation"
+    assert c.first.agree == (0, 1) and c.first.differ == ()
+    text = str(c)
+    assert "step 1 · rank 2 · activation · fc" in text
+    assert "ranks 0, 1 agree here" in text
+    assert "verdict: DIVERGED at step 1 (rank 2, activation fc)" in text
+    assert c.to_json()["first"]["rank"] == 2 and c.to_json()["ranks"] == [0, 1, 2]
+
+
+def test_lowest_rank_wins_a_tie_and_arrival_is_placed(tmp_path):
+    a = multi(tmp_path / "a")
+
+    def input_and_reduced(rank, k, kind, name, x):
+        if k == 0 and rank == 1 and kind in ("input", "activation", "loss") or (k == 0 and name.endswith("/in") and rank == 1):
+            return x + np.float32(1.0)
+        if k == 0 and (name.endswith("/out") or kind in ("grad", "param")):
+            return x + np.float32(1.0)  # the reduced gradient differs on every rank
+        return x
+
+    b = multi(tmp_path / "b", change=input_and_reduced)
+    c = compare_paths(a, b)
+    assert c.first.rank == 1 and c.first.kind == "input"  # originates on rank 1
+    # rank 0's first difference arrives through the collective: its own input agrees
+    r0 = [d for d in c.rank_firsts if d.rank == 0]
+    assert r0 and r0[0].kind == "collective" and r0[0].name == "ddp.bucket0/out" and r0[0].localization == "arrival"
+    assert "arrived through a collective" in str(c)
+    assert any("starts on rank 1 only" in h for h in c.hints)
+
+    def both_inputs(rank, k, kind, name, x):
+        return x + np.float32(1.0) if k == 0 and kind == "input" else x
+
+    c2 = compare_paths(a, multi(tmp_path / "c", change=both_inputs))
+    assert c2.first.rank == 0 and c2.first.differ == (1,)  # a tie at the same record: the lowest rank
+
+
+def test_world_size_difference_is_an_environment_difference(tmp_path):
+    flat = shard(tmp_path / "flat", 0, 1)
+    two = multi(tmp_path / "two")
+    c = compare_paths(flat, two)
+    assert not c
+    assert c.env[0].path == "distributed.world_size" and (c.env[0].a, c.env[0].b) == (1, 2)
+    assert "rank(s) 1 only in B" in c.structure
+    text = str(c)
+    assert text.index("distributed.world_size: 1 → 2") < text.index("tolerance:")
+    four = multi(tmp_path / "four", world=4)
+    c2 = compare_paths(two, four)
+    assert c2.env[0].path == "distributed.world_size" and "A has 2 rank(s), B has 4" in c2.structure
+
+
+def test_findings_desync_and_overlap(tmp_path):
+    def buffers_apart(rank, k, kind, name, x):
+        return x + np.float32(rank) if (kind, k) == ("param", 1) else x
+
+    p = multi(tmp_path / "desync", change=buffers_apart)
+    c = compare_paths(p, p)
+    assert any("ranks 0 and 1 hold different models after step 1" in f for f in c.findings)
+
+    q = multi(tmp_path / "overlap", batch=lambda rank, k: [k * 2, k * 2 + 1])  # every rank draws the same samples
+    c = compare_paths(q, q)
+    assert any("ranks 0 and 1 drew overlapping samples at step 0" in f for f in c.findings)
+    assert "distributed: A: ranks 0 and 1 drew overlapping samples" in str(c)
+    assert compare_paths(multi(tmp_path / "ok"), multi(tmp_path / "ok2")).findings == ()
+
+
+def test_workflow_readers_take_multi_rank_traces(tmp_path):
+    from reprobisect.core.verdict import nonfinite_in
+    from reprobisect.trace.ranks import read_rank0
+
+    def nan_on_rank_1(rank, k, kind, name, x):
+        return np.full_like(x, np.nan) if (rank, k, kind) == (1, 1, "loss") else x
+
+    p = multi(tmp_path / "t", change=nan_on_rank_1)
+    assert nonfinite_in(str(p)) == "loss 'loss' at step 1 holds NaN/Inf (rank 1)"
+    assert nonfinite_in(str(multi(tmp_path / "ok"))) is None
+    assert read_rank0(p).manifest.extra["distributed"]["rank"] == 0
+    flat = shard(tmp_path / "flat", 0, 1)
+    assert read_rank0(flat).path == flat
+
+
+def test_environment_records_the_distributed_settings(monkeypatch):
+    import torch  # noqa: F401 - distributed_info reads torch.distributed when imported
+
+    from reprobisect.core.envdiff import diff_environments
+    from reprobisect.runners.environment import collect_environment, distributed_info
+
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert distributed_info() is None and "distributed" not in collect_environment()  # a single process
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "lo", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_ALGO": "Ring"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    a = collect_environment()
+    d = a["distributed"]
+    assert (d["world_size"], d["rank"], d["local_rank"], d["local_world_size"]) == (2, 1, 1, 2)
+    assert d["env"] == {"GLOO_SOCKET_IFNAME": "lo", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    assert d["rendezvous"] == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert a["env_vars"]["NCCL_ALGO"] == "Ring"
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    changes = {c.path: c for c in diff_environments(a, collect_environment())}
+    assert changes["distributed.rendezvous.MASTER_PORT"].info  # a free port differs every run
+    assert not changes["env_vars.NCCL_ALGO"].info  # the reduction algorithm changes numerics
+
+
+# --------------------------------------------------------------------------------------
+# real torchrun (gloo, CPU, 2 ranks)
+
+SCRIPT = HERE / "distributed" / "ddp_train.py"
+WRAPPER = HERE / "distributed" / "record_rank.py"
+
+
+def _env(**kw: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONHASHSEED="0", **kw)
+    return env
+
+
+def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None) -> Path | None:
+    """Run ddp_train.py MODE under torchrun (recorded into ``trace`` unless None), then assemble."""
+    prog = [str(WRAPPER), str(SCRIPT), mode] if trace is not None else [str(SCRIPT), mode]
+    env = _env(RB_STEPS=str(steps), **({"RB_TRACE": str(trace)} if trace else {}), **({"DUMP": str(dump)} if dump else {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *prog]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if trace is not None and is_multi_rank(trace):
+        assemble(trace, command=["torchrun", f"--nproc_per_node={nproc}", "ddp_train.py", mode],
+                 outcome={"status": "ok", "detail": "done"})
+    return trace
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ddp")
+    out = {
+        # 3 ranks: DDP scales gradients by 1/3 with a multiply, which a division would not match bit for bit;
+        # 6 steps are the whole run: it ends by itself (and saves its parameters) before --steps 7
+        "plain": torchrun(base / "plain", "plain", nproc=3, steps=7, dump=base / "rec"),
+        "plain2": torchrun(base / "plain2", "plain", nproc=3, steps=7),
+        "noise": torchrun(base / "noise", "noise"),
+        "noise2": torchrun(base / "noise2", "noise"),
+        "sampler": torchrun(base / "sampler", "sampler_seed", steps=4),
+        "bn": torchrun(base / "bn", "bn"),
+        "single": torchrun(base / "single", "plain", nproc=1, steps=7),
+        "allreduce": torchrun(base / "allreduce", "allreduce", steps=2),
+        "user_hook": torchrun(base / "user_hook", "user_hook", steps=2),
+    }
+    torchrun(None, "plain", nproc=3, dump=base / "plain-unrecorded")
+    out["base"] = base
+    return out
+
+
+@pytest.mark.slow
+def test_identical_ddp_runs_agree_and_recording_keeps_numerics(runs):
+    c = compare_paths(runs["plain"], runs["plain2"])
+    assert c, str(c)
+    assert c.ranks == (0, 1, 2) and c.findings == ()
+    import torch
+
+    for r in (0, 1, 2):  # a recorded run (its DDP comm hook included) ends with the plain run's parameters, bit for bit
+        rec = torch.load(runs["base"] / f"rec-{r}.pt")
+        plain = torch.load(runs["base"] / f"plain-unrecorded-{r}.pt")
+        assert rec.keys() == plain.keys()
+        for k in rec:
+            assert torch.equal(rec[k], plain[k]), k
+
+
+@pytest.mark.slow
+def test_shards_carry_rank_and_collectives(runs):
+    traces = open_ranks(runs["plain"])
+    for r, t in traces.items():
+        d = t.manifest.extra["distributed"]
+        assert (d["rank"], d["world_size"], d["backend"], d["device"]) == (r, 3, "gloo", "cpu")
+        env = t.manifest.environment["distributed"]
+        assert env["world_size"] == 3 and "MASTER_PORT" in env["rendezvous"]
+        kinds = [rec.kind for rec in t.steps[0].records]
+        names = [rec.name for rec in t.steps[0].records if rec.kind == "collective"]
+        assert names == ["ddp.bucket0/in", "ddp.bucket0/out"]
+        assert kinds.index("collective") > kinds.index("loss") and kinds.index("grad") > kinds.index("collective")
+    s0, s1 = traces[0].steps[0].by_key(), traces[1].steps[0].by_key()
+    assert s0[("collective", "ddp.bucket0/in")].fingerprint != s1[("collective", "ddp.bucket0/in")].fingerprint
+    assert s0[("collective", "ddp.bucket0/out")].fingerprint == s1[("collective", "ddp.bucket0/out")].fingerprint
+
+
+@pytest.mark.slow
+def test_a_users_own_comm_hook_is_kept_and_observed(runs):
+    traces = open_ranks(runs["user_hook"])
+    for t in traces.values():
+        assert [r.name for r in t.steps[0].records if r.kind == "collective"] == ["ddp.bucket0/in", "ddp.bucket0/out"]
+        assert "notes" not in t.manifest.extra  # no "buckets not recorded"
+    g = [{r.name: r.fingerprint for r in t.steps[0].records if r.kind == "grad"} for t in traces.values()]
+    assert g[0] == g[1]  # the user's hook still averaged the gradients
+
+
+@pytest.mark.slow
+def test_hand_written_all_reduce_is_recorded(runs):
+    traces = open_ranks(runs["allreduce"])
+    by_rank = [{r.name: r for r in t.steps[0].records if r.kind == "collective"} for t in traces.values()]
+    assert sorted(by_rank[0]) == sorted(f"all_reduce.{k}/{io}" for k in range(4) for io in ("in", "out"))
+    for k in range(4):
+        assert by_rank[0][f"all_reduce.{k}/in"].fingerprint != by_rank[1][f"all_reduce.{k}/in"].fingerprint
+        assert by_rank[0][f"all_reduce.{k}/out"].fingerprint == by_rank[1][f"all_reduce.{k}/out"].fingerprint
+        assert by_rank[0][f"all_reduce.{k}/out"].meta == {"op": "all_reduce", "io": "out"}
+
+
+@pytest.mark.slow
+def test_rank_local_unseeded_noise_is_named_with_its_rank(runs):
+    c = compare_paths(runs["noise"], runs["noise2"])
+    assert not c and c.first.step == 0 and c.first.rank == 1 and c.first.kind in ("batch", "input")
+    assert c.first.agree == (0,)
+    r0 = [d for d in c.rank_firsts if d.rank == 0]
+    assert r0 and r0[0].localization == "arrival" and r0[0].name == "ddp.bucket0/out", c.rank_firsts
+    assert "step 0 · rank 0 · collective · ddp.bucket0/out" in str(c) and "(arrived through a collective)" in str(c)
+    assert any("starts on rank 1 only" in h and "rank-local random source" in h for h in c.hints)
+    assert "step 0 · rank 1 · " in str(c)
+
+
+@pytest.mark.slow
+def test_per_rank_sampler_seed_is_found(runs):
+    c = compare_paths(runs["sampler"], runs["sampler"])
+    assert any("drew overlapping samples" in f for f in c.findings), c.findings
+    assert any("same shuffled sample order every epoch" in f and "set_epoch" in f for f in c.findings), c.findings
+
+
+@pytest.mark.slow
+def test_unsynchronized_batchnorm_buffers_are_found_at_the_first_step(runs):
+    c = compare_paths(runs["bn"], runs["bn"])
+    found = [f for f in c.findings if "hold different models" in f]
+    assert found and "after step 0" in found[0] and "running_mean' (buffer)" in found[0] and "SyncBatchNorm" in found[0]
+
+
+@pytest.mark.slow
+def test_world_size_difference_is_reported_not_a_crash(runs):
+    assert not is_multi_rank(runs["single"])
+    c = compare_paths(runs["single"], runs["plain"])
+    assert not c and c.env[0].path == "distributed.world_size" and (c.env[0].a, c.env[0].b) == (1, 3)
+    assert "rank(s) 1-2 only in B" in c.structure
+    assert "A: " in str(c) and ", 3 ranks)" in str(c)
+
+
+@pytest.mark.slow
+def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
+    a = torchrun(tmp_path / "a", "fsdp", steps=2)
+    b = torchrun(tmp_path / "b", "fsdp", steps=2)
+    c = compare_paths(a, b)
+    assert c, str(c)
+    t = open_ranks(a)
+    for r in (0, 1):
+        ops = {(rec.meta or {}).get("op") for rec in t[r].steps[0].records if rec.kind == "collective"}
+        assert {"all_gather_single", "reduce_scatter_single"} <= ops
