@@ -124,20 +124,38 @@ def _shard_outcome(m: dict[str, Any] | None) -> Outcome | None:
 _FAILING_RANK = re.compile(r"(?:local_rank|rank)\s*:\s*(\d+)\s*\(")
 
 
-def judge_ranks(shards: dict[int, dict[str, Any] | None], rc: int, err: str) -> Outcome:
-    """The probe's outcome from its ranks' shards and the command's exit status: the lowest
-    rank that crashed (or failed in the recorder) names the crash; a rank killed before it
-    sealed (torchrun tearing the group down) counts only when no rank crashed."""
+_PEER_FAILURE = re.compile(r"closed by peer|reset by peer|remote worker crash|remote process exited|peer.*(crash|fail)"
+                           r"|Broken pipe|NCCL communicator was aborted|watchdog", re.I)
+
+
+def _first_crash(hit: list[int], outs: dict[int, Outcome | None], times: dict[int, float]) -> list[int]:
+    """``hit`` ordered: ranks that failed on their own before those whose collective broke
+    because a peer had gone, then by when they crashed, then by rank."""
+    def key(r: int) -> tuple[int, float, int]:
+        o = outs[r]
+        peer = bool(o is not None and _PEER_FAILURE.search(o.detail or ""))
+        return (1 if peer else 0, times.get(r, float("inf")), r)
+
+    return sorted(hit, key=key)
+
+
+def judge_ranks(shards: dict[int, dict[str, Any] | None], rc: int, err: str,
+                times: dict[int, float] | None = None) -> Outcome:
+    """The probe's outcome from its ranks' shards and the command's exit status: the rank
+    that crashed (or failed in the recorder) first names the crash (one whose collective
+    only broke because a peer had gone comes after; then by the ``times`` the ranks noted,
+    then the lowest rank); a rank killed before it sealed (torchrun tearing the group down)
+    counts only when no rank crashed."""
     outs = {r: _shard_outcome(m) for r, m in shards.items()}
     world = max((int(((m or {}).get("extra") or {}).get("distributed", {}).get("world_size") or 0)
                  for m in shards.values()), default=0)
     for bad in (Status.CRASHED, Status.INFRA):
-        hit = [r for r, o in outs.items() if o is not None and o.status is bad]
+        hit = _first_crash([r for r, o in outs.items() if o is not None and o.status is bad], outs, times or {})
         if hit:
             o = outs[hit[0]]
             assert o is not None
             where = f" at step {o.step}" if o.step is not None else ""
-            others = f"; rank(s) {', '.join(map(str, hit[1:]))} too" if hit[1:] else ""
+            others = f"; rank(s) {_ranks(hit[1:])} failed after it" if hit[1:] else ""
             return Outcome(bad, detail=f"rank {hit[0]} {'crashed' if bad is Status.CRASHED else 'failed'}{where}: "
                                        f"{o.detail}{others}", step=o.step, traceback=o.traceback, returncode=rc)
     unsealed = [r for r, o in outs.items() if o is None]

@@ -364,7 +364,7 @@ def _save_log(end: _Ended, trace_dir: Path) -> None:
             pass  # the output is a courtesy: never a reason to lose the probe
 
 
-def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outcome:
+def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Path | None = None) -> Outcome:
     """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
     rc, err = end.returncode, end.err
     if end.timed_out:
@@ -379,7 +379,8 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outco
     if shards:  # ranks the program started (mp.spawn): they are the trace, the launcher's own is empty
         parent = _sealed_outcome(trace_dir)
         quiet = parent is not None and parent.status in (Status.OK, Status.NO_STEPS)
-        return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, err), trace=str(trace_dir))
+        return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, err,
+                                                bootstrap.crash_times(boot) if boot else None), trace=str(trace_dir))
     sealed = _sealed_outcome(trace_dir)
     if sealed is not None:
         return _with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status is Status.OK else sealed.trace)
@@ -408,7 +409,7 @@ def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) ->
         return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
     shards = anycommand.read_shards(trace_dir)
     if shards:
-        return _with(anycommand.judge_ranks(shards, rc, err), trace=str(trace_dir))
+        return _with(anycommand.judge_ranks(shards, rc, err, bootstrap.crash_times(boot)), trace=str(trace_dir))
     sealed = _sealed_outcome(trace_dir)
     out = anycommand.judge_flat(sealed, rc, err, bootstrap.unrecorded(boot))
     return _with(out, trace=str(trace_dir)) if sealed is not None and sealed.status is Status.OK else out
@@ -444,7 +445,10 @@ def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo
         end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo)
         if isinstance(end, Outcome):
             return end, None
-        judged = _judge_wrapped(spec, trace_dir, end, boot) if wrapped else _judge_end(spec, cmd[0], trace_dir, end)
+        if wrapped:
+            judged = _judge_wrapped(spec, trace_dir, end, boot)
+        else:
+            judged = _judge_end(spec, cmd[0], trace_dir, end, boot)
         if anycommand.read_shards(trace_dir):
             anycommand.assemble(trace_dir, command=list(spec.argv), outcome=judged)
         _save_log(end, trace_dir)

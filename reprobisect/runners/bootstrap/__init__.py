@@ -47,13 +47,14 @@ import os
 import shutil
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reprobisect.runners.bootstrap.claims import ENV_CONFIG, ENV_PROBE, claim_flat, stand_down, stood_down
 
-__all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_flat", "unrecorded", "LAUNCHER_MODULES"]
+__all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_flat", "unrecorded", "crash_times", "LAUNCHER_MODULES"]
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 """``python -m`` modules that only launch ranks (torchrun's agent): never recorded."""
@@ -365,6 +366,7 @@ class _Boot:
             os._exit(code)
 
     def _excepthook(self, typ: Any, exc: BaseException, tb: Any) -> None:
+        _note_crash(self.folder)
         try:
             if self.run is not None and not self.sealed:
                 if self.run.recorder is not None:
@@ -386,6 +388,33 @@ class _Boot:
             self._seal(outcome)
         except Exception as e:
             print(f"reprobisect: sealing the trace at exit failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _note_crash(folder: Path) -> None:
+    """When this process (a rank) crashed: the probe names the rank that crashed first, not
+    the peers whose collectives failed because of it."""
+    info = distributed_info()
+    if info is None:
+        return
+    try:
+        d = folder / "crashes"
+        d.mkdir(exist_ok=True)
+        (d / f"rank-{info['rank']}.json").write_text(json.dumps({"rank": info["rank"], "time": time.time()}))
+    except OSError:
+        pass
+
+
+def crash_times(folder: str | os.PathLike) -> dict[int, float]:
+    """``{rank: time}`` of the ranks of the probe that crashed, as they noted it."""
+    out: dict[int, float] = {}
+    d = Path(folder) / "crashes"
+    for p in d.glob("rank-*.json") if d.is_dir() else ():
+        try:
+            x = json.loads(p.read_text())
+            out[int(x["rank"])] = float(x["time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _barrier() -> None:
