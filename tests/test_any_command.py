@@ -166,6 +166,19 @@ def test_the_users_sitecustomize_keeps_running(job):
     assert len(marks) >= 2, marks
 
 
+@pytest.mark.slow
+def test_the_corpus_job_script_records_its_training_process_and_not_its_data_workers(tmp_path):
+    for f in ("job.sh", "mingpt_trainer.py"):
+        shutil.copy(CORPUS / f, tmp_path)
+    r = run_in_dir(_spec(tmp_path, "bash", "job.sh", "--seed", "3"), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "ok", (r.outcome, r.output_tail)
+    m = _manifest(tmp_path / "T")
+    assert m["steps"] == 3 and m["recorder"]["launcher"] == "reprobisect.runners.bootstrap"
+    assert sorted(p.name for p in (tmp_path / "T").iterdir()) == ["manifest.json", "output.log", "steps.jsonl"]
+    assert "job: done" in r.output_tail  # the job script went on after the recording ended
+    assert not _alive_with(str(tmp_path))
+
+
 def test_any_command_without_training_is_no_steps_and_a_missing_script_skip(tmp_path):
     r = run_in_dir(_spec(tmp_path, "ls", "-l"), tmp_path, tmp_path / "T")
     assert r.outcome.status == "no_steps" and not (tmp_path / "T" / "manifest.json").exists()

@@ -439,7 +439,8 @@ def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo
         refused = anycommand.clear_trace(trace_dir)
         if refused:
             return Outcome(Status.INFRA, detail=f"{refused}; choose another output path"), None
-    boot = Path(tempfile.mkdtemp(prefix="reprobisect-boot-"))
+    # beside the trace (hidden), so it goes with the probe's traces folder if this process is killed
+    boot = Path(tempfile.mkdtemp(prefix=f".{trace_dir.name}.boot-", dir=trace_dir.parent))
     try:
         env = _probe_env(spec, cmd, trace_dir, cwd, boot, wrapped)
         end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo)

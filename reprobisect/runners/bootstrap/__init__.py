@@ -59,6 +59,7 @@ __all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_f
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 """``python -m`` modules that only launch ranks (torchrun's agent): never recorded."""
 _LAUNCHER_SCRIPTS = ("torchrun",)
+_HELPER_SCRIPTS = ("torch/_inductor/compile_worker/__main__.py",)  # torch.compile's worker pool
 _BARRIER_S = 30.0
 
 _BOOT: "_Boot | None" = None
@@ -109,7 +110,7 @@ def _is_launcher(argv: Sequence[str]) -> bool:
         return mod == "reprobisect.runners.launch" or mod in LAUNCHER_MODULES
     for a in args:
         if not a.startswith("-"):
-            return os.path.basename(a) in _LAUNCHER_SCRIPTS
+            return os.path.basename(a) in _LAUNCHER_SCRIPTS or a.replace(os.sep, "/").endswith(_HELPER_SCRIPTS)
     return False
 
 
