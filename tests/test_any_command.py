@@ -159,6 +159,13 @@ def test_a_job_script_records_the_flat_trace_the_direct_command_records(job):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def test_the_launcher_records_once_with_the_bootstrap_on_its_path(job):
+    d, direct, wrapped = job
+    for r in (direct, wrapped):  # a second recorder in one process would find the flat trace taken
+        assert "steps an optimizer too" not in r.output_tail and "not recorded" not in r.outcome.detail
+    assert _manifest(d / "direct.trace")["recorder"]["launcher"] == "reprobisect.runners.launch"
+
+
 def test_the_users_sitecustomize_keeps_running(job):
     d, direct, wrapped = job
     marks = list((d / "marks").iterdir())
@@ -177,6 +184,18 @@ def test_the_corpus_job_script_records_its_training_process_and_not_its_data_wor
     assert sorted(p.name for p in (tmp_path / "T").iterdir()) == ["manifest.json", "output.log", "steps.jsonl"]
     assert "job: done" in r.output_tail  # the job script went on after the recording ended
     assert not _alive_with(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_training_processes_under_one_script_the_first_is_the_trace(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "twice.sh").write_text("set -e\npython train.py --seed 1\npython train.py --seed 2\n")
+    r = run_in_dir(_spec(tmp_path, "bash", "twice.sh", steps=2), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "ok", (r.outcome, r.output_tail)
+    assert "1 other process(es) stepped an optimizer and were not recorded" in r.outcome.detail
+    m = _manifest(tmp_path / "T")
+    assert m["steps"] == 2 and m["recorder"]["process"]["argv"] == ["train.py", "--seed", "1"]
+    assert "steps an optimizer too" in r.output_tail
 
 
 def test_any_command_without_training_is_no_steps_and_a_missing_script_skip(tmp_path):
@@ -289,6 +308,16 @@ def test_mp_spawn_children_are_recorded_as_ranks(tmp_path):
         assert m["steps"] == 3 and m["extra"]["distributed"]["world_size"] == 2
         assert m["extra"]["distributed"]["rank"] == rank and m["extra"]["distributed"]["backend"] == "gloo"
     assert not (t / "steps.jsonl").exists()  # the launcher's own empty trace gave way to the ranks
+    assert not _alive_with(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_an_mp_spawn_rank_that_crashes_is_named(tmp_path):
+    crash = SPAWN.replace("opt.step()\n", "opt.step()\n        if rank == 1 and step == 1: raise ValueError('rank 1 broke')\n")
+    assert crash != SPAWN
+    (tmp_path / "spawn_crash.py").write_text(crash)
+    r = run_in_dir(_spec(tmp_path, "python", "spawn_crash.py", str(_free_port()), steps=4), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "crashed" and "rank 1" in r.outcome.detail, (r.outcome, r.output_tail)
     assert not _alive_with(str(tmp_path))
 
 

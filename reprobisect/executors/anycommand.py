@@ -121,7 +121,8 @@ def _shard_outcome(m: dict[str, Any] | None) -> Outcome | None:
         return None
 
 
-_FAILING_RANK = re.compile(r"(?:local_rank|rank)\s*:\s*(\d+)\s*\(")
+# torchrun's error summary ("rank      : 1 (local_rank: 1)"), mp.spawn's ("process 1 terminated with ...")
+_FAILING_RANK = re.compile(r"(?:\brank\s*:\s*(\d+)\s*\()|(?:[Pp]rocess (\d+) terminated)")
 
 
 _PEER_FAILURE = re.compile(r"closed by peer|reset by peer|remote worker crash|remote process exited|peer.*(crash|fail)"
@@ -162,7 +163,7 @@ def judge_ranks(shards: dict[int, dict[str, Any] | None], rc: int, err: str,
     missing = [r for r in range(world) if r not in shards]
     if rc != 0 or unsealed:
         m = _FAILING_RANK.search(err or "")
-        who = f"rank {m.group(1)} failed" if m else "a rank failed"
+        who = f"rank {m.group(1) or m.group(2)} failed" if m else "a rank failed"
         return Outcome(Status.CRASHED, returncode=rc, detail=(
             f"the command exited with status {rc}: {who}" + (f"; rank(s) {_ranks(unsealed)} never sealed their shard"
                                                              if unsealed else "")))

@@ -379,7 +379,8 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Pa
     if shards:  # ranks the program started (mp.spawn): they are the trace, the launcher's own is empty
         parent = _sealed_outcome(trace_dir)
         quiet = parent is not None and parent.status in (Status.OK, Status.NO_STEPS)
-        return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, err,
+        said = "\n".join([err, *(x or "" for x in ((parent.detail, parent.traceback) if parent else ()))])
+        return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, said,
                                                 bootstrap.crash_times(boot) if boot else None), trace=str(trace_dir))
     sealed = _sealed_outcome(trace_dir)
     if sealed is not None:
