@@ -322,7 +322,7 @@ def test_an_mp_spawn_rank_that_crashes_is_named(tmp_path):
 
 
 def test_tree_pids_finds_processes_by_token(tmp_path):
-    env = {**os.environ, "REPROBISECT_PROBE": "tok-" + tmp_path.name}
+    env = {**os.environ, "REPROBISECT_BOOT_TOKEN": "tok-" + tmp_path.name}
     p = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
     try:
         assert p.pid in anycommand.tree_pids("tok-" + tmp_path.name)

@@ -34,7 +34,9 @@ def tree_pids(token: str | None) -> list[int]:
     """Live processes (this user's) whose environment carries the probe ``token``."""
     if not token:
         return []
-    needle = f"REPROBISECT_PROBE={token}".encode()
+    from reprobisect.runners.bootstrap.claims import ENV_PROBE
+
+    needle = f"{ENV_PROBE}={token}".encode()
     me = os.getpid()
     out = []
     try:

@@ -73,7 +73,7 @@ def prepare(folder: str | os.PathLike, *, trace_dir: str | os.PathLike, launch_a
             pythonpath: str | None = None) -> dict[str, str]:
     """Fill ``folder`` (made here) with the bootstrap and its config; return the environment
     variables that put it into the command: ``PYTHONPATH`` (the folder first, then
-    ``pythonpath``), ``REPROBISECT_BOOT`` and the probe token ``REPROBISECT_PROBE``."""
+    ``pythonpath``), ``REPROBISECT_BOOT`` and the probe token ``REPROBISECT_BOOT_TOKEN``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(__file__).with_name("sitecustomize.py"), folder / "sitecustomize.py")

@@ -14,7 +14,7 @@ __all__ = ["ENV_CONFIG", "ENV_PROBE", "folder", "claim_flat", "stand_down", "sto
 
 ENV_CONFIG = "REPROBISECT_BOOT"
 """Names the probe's ``config.json`` in the command's environment."""
-ENV_PROBE = "REPROBISECT_PROBE"
+ENV_PROBE = "REPROBISECT_BOOT_TOKEN"
 """A token unique to the probe, inherited by every process of its tree (to find them all)."""
 
 _STOOD_DOWN = False
