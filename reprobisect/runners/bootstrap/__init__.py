@@ -281,8 +281,12 @@ class _Boot:
         atexit.register(self._atexit)
 
     def _hook_recorder(self, rec: Any) -> None:
-        """End the process where the recorder stops the run (instead of raising StopRun through the program)."""
-        orig = rec._finish
+        """End the process where the recorder stops the run (instead of raising StopRun through
+        the program). A recorder without ``_finish`` (another framework's) raises as under the
+        launcher: the exception hook seals its trace."""
+        orig = getattr(rec, "_finish", None)
+        if orig is None:
+            return
 
         def finish(stop: Any) -> None:
             try:
@@ -367,6 +371,8 @@ class _Boot:
             os._exit(code)
 
     def _excepthook(self, typ: Any, exc: BaseException, tb: Any) -> None:
+        if typ.__name__ == "StopRun" and self.run is not None and not self.sealed:
+            self.end(self.run._classify(exc))  # a recorder that stops by raising (not hooked): the same end
         _note_crash(self.folder)
         try:
             if self.run is not None and not self.sealed:
