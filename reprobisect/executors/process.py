@@ -383,6 +383,11 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Pa
         return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, said,
                                                 bootstrap.crash_times(boot) if boot else None), trace=str(trace_dir))
     sealed = _sealed_outcome(trace_dir)
+    if sealed is not None and sealed.status is Status.NO_STEPS and boot is not None and bootstrap.unrecorded(boot):
+        child = bootstrap.unrecorded(boot)[0]
+        return _with(replace(sealed, detail=(
+            f"{sealed.detail}; a process it started trained instead ({' '.join(map(str, child.get('argv') or []))}, "
+            "not recorded: the trace is the launched script's); give that process's command")), returncode=rc)
     if sealed is not None:
         return _with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status is Status.OK else sealed.trace)
     if "No module named reprobisect" in err or "No module named 'reprobisect" in err:
