@@ -198,6 +198,15 @@ def test_two_training_processes_under_one_script_the_first_is_the_trace(tmp_path
     assert "steps an optimizer too" in r.output_tail
 
 
+@pytest.mark.slow
+def test_a_launched_script_whose_child_trains_says_which_process_to_give(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "main.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, 'train.py'], check=True)\n")
+    r = run_in_dir(_spec(tmp_path, "python", "main.py"), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "no_steps", r.outcome
+    assert "a process it started trained instead (train.py" in r.outcome.detail
+
+
 def test_any_command_without_training_is_no_steps_and_a_missing_script_skip(tmp_path):
     r = run_in_dir(_spec(tmp_path, "ls", "-l"), tmp_path, tmp_path / "T")
     assert r.outcome.status == "no_steps" and not (tmp_path / "T" / "manifest.json").exists()
@@ -211,8 +220,8 @@ def test_any_command_without_training_is_no_steps_and_a_missing_script_skip(tmp_
 # --------------------------------------------------------------------------- torchrun
 
 
-def _torchrun(d: Path, *args: str) -> tuple[str, ...]:
-    return (TORCHRUN, "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+def _torchrun(d: Path, *args: str, agent: tuple[str, ...] = (TORCHRUN,)) -> tuple[str, ...]:
+    return (*agent, "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{_free_port()}", "ddp_torchrun.py", *args)
 
 
@@ -220,7 +229,8 @@ def _torchrun(d: Path, *args: str) -> tuple[str, ...]:
 def ddp(tmp_path_factory):
     d = tmp_path_factory.mktemp("ddp")
     shutil.copy(CORPUS / "ddp_torchrun.py", d)
-    ok = run_in_dir(_spec(d, *_torchrun(d)), d, d / "ok.trace")
+    # the agent as a module of the interpreter (a bare "python": reprobisect's); torchrun itself below
+    ok = run_in_dir(_spec(d, *_torchrun(d, agent=("python", "-m", "torch.distributed.run"))), d, d / "ok.trace")
     crash = run_in_dir(_spec(d, *_torchrun(d, "--crash_rank", "1", "--crash_step", "1"), steps=4), d, d / "crash.trace")
     return d, ok, crash
 

@@ -235,6 +235,7 @@ class _Boot:
         self.activator: Any = None
         self.run: Any = None
         self.sealed = False
+        self.pid = os.getpid()  # a forked child inherits this object: only this process seals
         self._prev_hook = sys.excepthook
 
     def watch(self) -> None:
@@ -371,6 +372,9 @@ class _Boot:
             os._exit(code)
 
     def _excepthook(self, typ: Any, exc: BaseException, tb: Any) -> None:
+        if os.getpid() != self.pid:
+            self._prev_hook(typ, exc, tb)
+            return
         if typ.__name__ == "StopRun" and self.run is not None and not self.sealed:
             self.end(self.run._classify(exc))  # a recorder that stops by raising (not hooked): the same end
         _note_crash(self.folder)
@@ -385,7 +389,7 @@ class _Boot:
 
     def _atexit(self) -> None:
         run = self.run
-        if self.sealed or run is None or run.recorder is None:
+        if self.sealed or run is None or run.recorder is None or os.getpid() != self.pid:
             return
         if not run.writer.materialized and not getattr(run.recorder, "backwards", 0):
             return
