@@ -15,6 +15,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -282,8 +284,6 @@ def test_a_timeout_kills_the_whole_tree_and_frees_the_port(tmp_path):
     (tmp_path / "hang.py").write_text(HANG)
     port = _free_port()
     argv = (TORCHRUN, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port), "hang.py")
-    import threading, time
-
     seen: list[int] = []
 
     def watch() -> None:  # the ranks' pids, from the files they write once started

@@ -69,7 +69,7 @@ import runpy
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from reprobisect import native
 from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
