@@ -340,3 +340,26 @@ def test_tree_pids_finds_processes_by_token(tmp_path):
         assert p.wait(timeout=5) == -9
     finally:
         p.kill()
+
+
+def _shard(rank: int, status: str, detail: str = "", step: int | None = None, steps: int = 3) -> dict:
+    return {"status": "complete" if status == "ok" else "failed", "steps": steps,
+            "outcome": {"status": status, "detail": detail, "step": step},
+            "extra": {"distributed": {"rank": rank, "local_rank": rank, "world_size": 2}}}
+
+
+def test_judge_ranks_names_the_rank_that_failed_first_and_never_blames_a_peer():
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+    shards = {0: _shard(0, "crashed", peer, 1, 1), 1: _shard(1, "crashed", "ValueError: boom", 1, 1)}
+    o = anycommand.judge_ranks(shards, 1, "")
+    assert o.status == "crashed" and o.detail.startswith("rank 1 crashed at step 1: ValueError: boom"), o.detail
+    assert "rank(s) 0 failed after it" in o.detail
+    both = {0: _shard(0, "crashed", "A", 1, 1), 1: _shard(1, "crashed", "B", 1, 1)}
+    assert anycommand.judge_ranks(both, 1, "", {0: 20.0, 1: 10.0}).detail.startswith("rank 1 crashed")
+    killed = {0: {"status": "incomplete"}, 1: _shard(1, "ok")}
+    o = anycommand.judge_ranks(killed, 1, "  rank      : 0 (local_rank: 0)\n")
+    assert o.status == "crashed" and "rank 0 failed" in o.detail and "never sealed" in o.detail
+    ok = {0: _shard(0, "ok"), 1: _shard(1, "ok")}
+    assert anycommand.judge_ranks(ok, 0, "").detail == "recorded 3 step(s) on each of 2 rank(s)"
+    later = anycommand.judge_ranks(ok, 2, "")  # a job script that failed after its torchrun recorded
+    assert later.status == "ok" and "then exited with status 2" in later.detail

@@ -163,7 +163,8 @@ def judge_ranks(shards: dict[int, dict[str, Any] | None], rc: int, err: str,
                                        f"{o.detail}{others}", step=o.step, traceback=o.traceback, returncode=rc)
     unsealed = [r for r, o in outs.items() if o is None]
     missing = [r for r in range(world) if r not in shards]
-    if rc != 0 or unsealed:
+    done = not unsealed and not missing and all(o is not None and o.status is Status.OK for o in outs.values())
+    if (rc != 0 and not done) or unsealed:
         m = _FAILING_RANK.search(err or "")
         who = f"rank {m.group(1) or m.group(2)} failed" if m else "a rank failed"
         return Outcome(Status.CRASHED, returncode=rc, detail=(
@@ -180,6 +181,8 @@ def judge_ranks(shards: dict[int, dict[str, Any] | None], rc: int, err: str,
     detail = f"recorded {n} on each of {len(shards)} rank(s)"
     if missing:
         detail += f"; rank(s) {_ranks(missing)} of world size {world} never stepped an optimizer (no shard)"
+    if rc != 0:  # every rank sealed its steps: what the command did after them is not judged
+        detail += f"; the command then exited with status {rc} (after the recording ended)"
     return Outcome(Status.OK, detail=detail, returncode=rc)
 
 
