@@ -91,7 +91,7 @@ def _spec(folder: Path, *argv: str, steps: int = 3, timeout: float | None = 300,
 
 
 def _alive_with(text: str) -> list[str]:
-    """Command lines of live processes that mention ``text`` (a test's own folder)."""
+    """Command lines of live processes that mention ``text`` (a test's own folder) or run in it."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -99,9 +99,10 @@ def _alive_with(text: str) -> list[str]:
         try:
             cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(f"/proc/{name}/cwd")
         except OSError:
             continue
-        if text in cmd and state != "Z":
+        if (text in cmd or cwd.startswith(text)) and state != "Z":
             out.append(f"{name}: {cmd}")
     return out
 
@@ -185,6 +186,17 @@ def test_the_corpus_job_script_records_its_training_process_and_not_its_data_wor
     assert m["steps"] == 3 and m["recorder"]["launcher"] == "reprobisect.runners.bootstrap"
     assert sorted(p.name for p in (tmp_path / "T").iterdir()) == ["manifest.json", "output.log", "steps.jsonl"]
     assert "job: done" in r.output_tail  # the job script went on after the recording ended
+    assert not _alive_with(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_the_rest_of_a_job_script_is_stopped_after_the_recording_ended(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "long.sh").write_text("python train.py\necho evaluating\nsleep 300\nexit 4\n")
+    r = run_in_dir(_spec(tmp_path, "bash", "long.sh", steps=2, timeout=200), tmp_path, tmp_path / "T")
+    assert r.outcome.status == "ok", (r.outcome, r.output_tail)
+    assert "the rest of the command was stopped 5 s after the recording ended" in r.outcome.detail
+    assert r.outcome.wall_s < 100 and "evaluating" in r.output_tail
     assert not _alive_with(str(tmp_path))
 
 

@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reprobisect.core.hints import missing_link_hint
 from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
@@ -57,6 +57,10 @@ TAIL_BYTES = 4096
 """How much of the end of stdout / stderr a result keeps."""
 KILL_GRACE_S = 3.0
 """Seconds between SIGTERM and SIGKILL when a probe's process group is stopped."""
+CUT_GRACE_S = 5.0
+"""Seconds a command that runs as given may go on after its recording ended (every rank, or
+the process of the flat trace, stopped after ``--steps``) before the rest of it (a job
+script's evaluation, a second training run) is stopped: it is not judged."""
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # interpreter options that take a separate value (python -X dev, -W ignore)
@@ -248,6 +252,8 @@ class _Ended:
     err: str
     both: str
     log: BoundedOutput | None = None
+    cut: bool = False
+    """The rest of a command that runs as given was stopped after its recording ended."""
 
 
 def _commit_of(workdir: Path) -> str | None:
@@ -308,15 +314,18 @@ def _search_path(spec: ProbeSpec, cmd: list[str]) -> str | None:
     return path
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
-    """(return code, timed out): the whole group is killed on a timeout or an interrupt."""
+def _wait(proc: subprocess.Popen, timeout: float | None,
+          recorded: Callable[[], bool] | None = None) -> tuple[int, bool, bool]:
+    """(return code, timed out, cut): the whole group is killed on a timeout or an interrupt,
+    and ``CUT_GRACE_S`` after ``recorded()`` turned true (cut: the rest of the command)."""
     pgid = proc.pid
     try:
         try:
-            return proc.wait(timeout=timeout), False
+            rc, cut = _wait_recorded(proc, timeout, recorded)
+            return rc, False, cut
         except subprocess.TimeoutExpired:
             _kill_group(pgid, proc)
-            return proc.wait(), True
+            return proc.wait(), True, False
         except BaseException:
             _kill_group(pgid, proc, grace=0.5)
             proc.wait()
@@ -325,8 +334,31 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
         _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
 
 
+def _wait_recorded(proc: subprocess.Popen, timeout: float | None,
+                   recorded: Callable[[], bool] | None) -> tuple[int, bool]:
+    """Wait for ``proc`` (``TimeoutExpired`` past ``timeout``); with ``recorded``, stop the
+    rest of the command once the recording ended and it ran on ``CUT_GRACE_S`` more."""
+    if recorded is None:
+        return proc.wait(timeout=timeout), False
+    deadline = None if timeout is None else time.monotonic() + timeout
+    since: float | None = None
+    while True:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+        try:
+            return proc.wait(timeout=0.25 if deadline is None else min(0.25, deadline - now)), False
+        except subprocess.TimeoutExpired:
+            pass
+        if since is None and recorded():
+            since = time.monotonic()
+        if since is not None and time.monotonic() - since >= CUT_GRACE_S:
+            _kill_group(proc.pid, proc, grace=1.0)
+            return proc.wait(), True
+
+
 def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None, trace_dir: Path,
-               echo: bool) -> _Ended | Outcome:
+               echo: bool, recorded: Callable[[], bool] | None = None) -> _Ended | Outcome:
     """Run ``cmd`` in its own process group, keeping (and maybe echoing) its output; an
     ``Outcome`` (skip) when it cannot even start. ``env`` carries the probe's token
     (``bootstrap.ENV_PROBE``): every process holding it dies with the probe."""
@@ -345,7 +377,7 @@ def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | 
     to_out, to_err = echo_streams() if echo else (None, None)
     readers, (out_ring, err_ring) = pump([(proc.stdout, to_out), (proc.stderr, to_err)], log, TAIL_BYTES)
     try:
-        rc, timed_out = _wait(proc, timeout)
+        rc, timed_out, cut = _wait(proc, timeout, recorded)
     finally:
         with _LIVE_LOCK:
             _LIVE.pop(proc.pid, None)
@@ -353,7 +385,7 @@ def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | 
         for t in readers:  # the group is dead: its pipes end (a daemon outside it may keep one open)
             t.join(timeout=2.0)
     return _Ended(rc, timed_out, out_ring.tail_text(TAIL_BYTES), err_ring.tail_text(TAIL_BYTES),
-                  log.tail_text(TAIL_BYTES), log)
+                  log.tail_text(TAIL_BYTES), log, cut)
 
 
 def _save_log(end: _Ended, trace_dir: Path) -> None:
@@ -403,7 +435,7 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Pa
 def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) -> Outcome:
     """The outcome of a command that ran as given: timeout, signal, then the shards of its
     ranks, the flat trace its training process wrote, or its exit status."""
-    rc, err = end.returncode, end.err
+    rc, err = (0 if end.cut else end.returncode), end.err
     if end.timed_out:
         return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; every process of the probe killed",
                        returncode=rc)
@@ -449,11 +481,15 @@ def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo
     boot = Path(tempfile.mkdtemp(prefix=f".{trace_dir.name}.boot-", dir=trace_dir.parent))
     try:
         env = _probe_env(spec, cmd, trace_dir, cwd, boot, wrapped)
-        end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo)
+        recorded = (lambda: bootstrap.recording_ended(boot)) if wrapped else None
+        end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo, recorded)
         if isinstance(end, Outcome):
             return end, None
         if wrapped:
             judged = _judge_wrapped(spec, trace_dir, end, boot)
+            if end.cut:
+                judged = replace(judged, detail=f"{judged.detail}; the rest of the command was stopped "
+                                                f"{CUT_GRACE_S:g} s after the recording ended")
         else:
             judged = _judge_end(spec, cmd[0], trace_dir, end, boot)
         if anycommand.read_shards(trace_dir):

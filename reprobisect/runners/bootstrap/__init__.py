@@ -54,7 +54,8 @@ from typing import Any, Mapping, Sequence
 
 from reprobisect.runners.bootstrap.claims import ENV_CONFIG, ENV_PROBE, claim_flat, stand_down, stood_down
 
-__all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_flat", "unrecorded", "crash_times", "LAUNCHER_MODULES"]
+__all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_flat", "unrecorded", "crash_times",
+           "recording_ended", "distributed_info", "LAUNCHER_MODULES"]
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 """``python -m`` modules that only launch ranks (torchrun's agent): never recorded."""
@@ -357,6 +358,8 @@ class _Boot:
                 run.recorder.done = True
             run.cleanup_children()
             self._seal(outcome)
+            if run.writer.materialized:
+                self._note_stopped()
             if code == 0:
                 _barrier()
             if run.writer.materialized:
@@ -370,6 +373,17 @@ class _Boot:
                 except Exception:
                     pass
             os._exit(code)
+
+    def _note_stopped(self) -> None:
+        """Say that this process's recording ended by ``--steps`` (``recording_ended``)."""
+        info = distributed_info()
+        try:
+            d = self.folder / "stopped"
+            d.mkdir(exist_ok=True)
+            rank, world = (None, None) if info is None else (info["rank"], info["world_size"])
+            (d / f"{os.getpid()}.json").write_text(json.dumps({"rank": rank, "world_size": world}))
+        except OSError:
+            pass
 
     def _excepthook(self, typ: Any, exc: BaseException, tb: Any) -> None:
         if os.getpid() != self.pid:
@@ -413,6 +427,26 @@ def _note_crash(folder: Path) -> None:
         (d / f"rank-{info['rank']}.json").write_text(json.dumps({"rank": info["rank"], "time": time.time()}))
     except OSError:
         pass
+
+
+def recording_ended(folder: str | os.PathLike) -> bool:
+    """Whether the probe's recording ended by ``--steps``: the process of the flat trace
+    stopped, or every rank of the world did."""
+    d = Path(folder) / "stopped"
+    ranks: set[int] = set()
+    world = 0
+    for p in d.glob("*.json") if d.is_dir() else ():
+        try:
+            x = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(x, dict):
+            continue
+        if x.get("rank") is None:
+            return True
+        ranks.add(int(x["rank"]))
+        world = max(world, int(x.get("world_size") or 0))
+    return bool(ranks) and len(ranks) >= world
 
 
 def crash_times(folder: str | os.PathLike) -> dict[int, float]:
