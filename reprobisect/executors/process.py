@@ -23,8 +23,9 @@ running reprobisect first on ``PATH`` (so its ``python``/``torchrun`` are that
 environment's, as a bare ``python`` is on the rewritten path). Every process of the probe
 carries its token (``bootstrap.ENV_PROBE``): a timeout, an interrupt or the end of the
 command kills all of them, torchrun's ranks in their own sessions included
-(``reprobisect.executors.anycommand``). ``python -c CODE`` is still refused (there is no
-script to re-run).
+(``reprobisect.executors.anycommand``). What a command that runs as given still does
+``CUT_GRACE_S`` after its recording ended (a job script's evaluation) is stopped and not
+judged. ``python -c CODE`` is still refused (there is no script to re-run).
 """
 
 from __future__ import annotations

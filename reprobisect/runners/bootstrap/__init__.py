@@ -35,7 +35,8 @@ process the command starts then runs ``start()`` at interpreter start-up:
   ends by itself is sealed at exit.
 
 ``sitecustomize.py`` chains to the user's own ``sitecustomize`` further along
-``sys.path``, so that keeps running. This module imports only the standard library at
+``sys.path``, so that keeps running. A Python started with ``-I``, ``-E`` or ``-S`` (no
+``PYTHONPATH`` or no ``site``) is not recorded. This module imports only the standard library at
 start-up; the launcher (and the framework recorders) load at the trigger's import.
 """
 
