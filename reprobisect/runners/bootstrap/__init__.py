@@ -238,6 +238,7 @@ class _Boot:
         self.run: Any = None
         self.sealed = False
         self.pid = os.getpid()  # a forked child inherits this object: only this process seals
+        self.exit_status: Any = None  # what the program gave sys.exit
         self._prev_hook = sys.excepthook
 
     def watch(self) -> None:
@@ -281,6 +282,7 @@ class _Boot:
         run.activate = activate_and_hook
         run.watch_imports()
         sys.excepthook = self._excepthook
+        self._watch_exit()
         atexit.register(self._atexit)
 
     def _hook_recorder(self, rec: Any) -> None:
@@ -402,9 +404,32 @@ class _Boot:
             print(f"reprobisect: sealing the trace failed: {type(e).__name__}: {e}", file=sys.stderr)
         self._prev_hook(typ, exc, tb)
 
+    def _watch_exit(self) -> None:
+        """Remember the status given to ``sys.exit`` (a wrapper that catches the program's
+        exception and exits 1, as ``torch.multiprocessing.spawn``'s workers do): at exit the
+        trace is sealed as ``crashed`` then, not as a run that ended by itself."""
+        orig = sys.exit
+        boot = self
+
+        def exit(status: Any = None) -> None:
+            boot.exit_status = status
+            orig(status)
+
+        exit.__doc__ = orig.__doc__
+        sys.exit = exit
+
     def _atexit(self) -> None:
         run = self.run
         if self.sealed or run is None or run.recorder is None or os.getpid() != self.pid:
+            return
+        code = self.exit_status
+        if code is not None and code != 0:
+            _note_crash(self.folder)
+            run.recorder.done = True
+            try:
+                self._seal(run._classify(SystemExit(code)), force=distributed_info() is not None)
+            except Exception as e:
+                print(f"reprobisect: sealing the trace at exit failed: {type(e).__name__}: {e}", file=sys.stderr)
             return
         if not run.writer.materialized and not getattr(run.recorder, "backwards", 0):
             return
