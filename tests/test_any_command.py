@@ -378,3 +378,13 @@ def test_judge_ranks_names_the_rank_that_failed_first_and_never_blames_a_peer():
     assert anycommand.judge_ranks(ok, 0, "").detail == "recorded 3 step(s) on each of 2 rank(s)"
     later = anycommand.judge_ranks(ok, 2, "")  # a job script that failed after its torchrun recorded
     assert later.status == "ok" and "then exited with status 2" in later.detail
+
+
+def test_launchers_are_not_recorded_and_programs_are():
+    from reprobisect.runners.bootstrap import _is_launcher
+
+    assert _is_launcher([PY, "-m", "reprobisect.runners.launch", "--trace", "T", "--", "t.py"])  # records by itself
+    assert _is_launcher([PY, TORCHRUN, "--nproc_per_node", "2", "t.py"])
+    assert _is_launcher([PY, "-X", "importtime", "-m", "torch.distributed.run", "t.py"])
+    assert not _is_launcher([PY, "-u", "train.py", "-m", "torch.distributed.run"])  # the script's own arguments
+    assert not _is_launcher([PY, "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"])  # mp.spawn

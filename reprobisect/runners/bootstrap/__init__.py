@@ -106,13 +106,17 @@ def unrecorded(folder: str | os.PathLike) -> list[dict[str, Any]]:
 def _is_launcher(argv: Sequence[str]) -> bool:
     """Whether the process is one that records by itself or only launches others."""
     args = list(argv[1:])
-    if "-m" in args:
-        i = args.index("-m")
-        mod = args[i + 1] if i + 1 < len(args) else ""
-        return mod == "reprobisect.runners.launch" or mod in LAUNCHER_MODULES
-    for a in args:
-        if not a.startswith("-"):
+    i = 0
+    while i < len(args):  # the interpreter's options, up to the program
+        a = args[i]
+        if a == "-m":
+            mod = args[i + 1] if i + 1 < len(args) else ""
+            return mod == "reprobisect.runners.launch" or mod in LAUNCHER_MODULES
+        if a == "-c" or a.startswith("-c"):
+            return False
+        if not a.startswith("-") or a == "-":
             return os.path.basename(a) in _LAUNCHER_SCRIPTS or a.replace(os.sep, "/").endswith(_HELPER_SCRIPTS)
+        i += 2 if a in ("-X", "-W") else 1
     return False
 
 
