@@ -226,7 +226,14 @@ def _last_line(text: str) -> str:
 
 def assemble(trace_dir: Path, *, command: list[str], outcome: Outcome) -> None:
     """Write the top manifest of a multi-rank trace: the reader's ``trace.ranks.assemble``
-    when there is one, else the minimal stand-in below."""
+    when there is one, else the minimal stand-in below. A launcher's own empty flat trace
+    (``mp.spawn``'s parent under the launcher) gives way to the ranks first."""
+    for stray in ("steps.jsonl", "tensors", "state"):
+        p = trace_dir / stray
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink()
     try:
         from reprobisect.trace.ranks import assemble as owners  # type: ignore[import-not-found]
     except ImportError:
@@ -242,12 +249,6 @@ def _assemble_standin(trace_dir: Path, *, command: list[str], outcome: Outcome) 
     from reprobisect.trace.writer import write_json_atomic
 
     shards = read_shards(trace_dir)
-    for stray in ("steps.jsonl", "tensors", "state"):  # a launcher's own empty flat trace (mp.spawn's parent)
-        p = trace_dir / stray
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        elif p.exists():
-            p.unlink()
     base = dict(shards.get(0) or next((m for m in shards.values() if m), None) or {})
     ranks = []
     for r, m in shards.items():
