@@ -293,8 +293,8 @@ def test_capture_command_exit_codes(tmp_path: Path, capsys, monkeypatch) -> None
     assert cli_main(["capture", "-o", "crash.trace", "--steps", "4", "--json", "--", "python", "crash.py"]) == 1
     res = json.loads(capsys.readouterr().out)
     assert res["outcome"]["status"] == "crashed" and res["outcome"]["step"] == 1 and res["exit_code"] == 1
-    assert cli_main(["capture", "-o", "x.trace", "--", "ls", "-l"]) == 2
-    assert "is not one" in capsys.readouterr().err
+    assert cli_main(["capture", "-o", "x.trace", "--", "python", "-c", "print(1)"]) == 2
+    assert "python -c" in capsys.readouterr().err
     assert cli_main(["capture", "-o", "x.trace", "--steps", "0", "--", "python", "train.py"]) == 2
 
 

@@ -9,11 +9,23 @@ signal, a lost manifest) is ``timeout``/``infra``: never evidence about the code
 Both the local and the Ray executor (on its worker) call ``run_in_dir``; it imports no
 ML framework.
 
-Commands that are supported: ``python train.py ...``, ``python3 -m pkg ...``,
-``/path/to/python ...`` (with interpreter flags such as ``-u`` or ``-X dev``) and an
-executable script whose ``#!`` line names Python. Anything else (a shell script that
-wraps Python, ``torchrun``) is refused with one line saying so: its recorder cannot be
-installed without changing the user's command.
+Any command runs. A plain Python command (``python train.py ...``, ``python3 -m pkg ...``,
+``/path/to/python ...`` with interpreter flags such as ``-u`` or ``-X dev``, an executable
+script whose ``#!`` line names Python) is rewritten into the launcher command as it always
+was (``python -m reprobisect.runners.launch ... -- train.py ...``). Anything else (``bash
+train.sh``, ``./job.sh``, ``torchrun ...``, ``python -m torch.distributed.run ...``) runs as
+given. Either way the probe gets a folder of its own (``reprobisect.runners.bootstrap``) first
+on the command's ``PYTHONPATH``: its ``sitecustomize`` records every Python process the
+command starts that steps an optimizer (the ranks torchrun or ``mp.spawn`` start write one
+shard each under ``TRACE/ranks/``; a single training process under a job script writes the
+flat trace). A command that is not rewritten also gets the folder of the interpreter
+running reprobisect first on ``PATH`` (so its ``python``/``torchrun`` are that
+environment's, as a bare ``python`` is on the rewritten path). Every process of the probe
+carries its token (``bootstrap.ENV_PROBE``): a timeout, an interrupt or the end of the
+command kills all of them, torchrun's ranks in their own sessions included
+(``reprobisect.executors.anycommand``). What a command that runs as given still does
+``CUT_GRACE_S`` after its recording ended (a job script's evaluation) is stopped and not
+judged. ``python -c CODE`` is still refused (there is no script to re-run).
 """
 
 from __future__ import annotations
@@ -25,16 +37,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reprobisect.core.hints import missing_link_hint
 from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
+from reprobisect.executors import anycommand
+from reprobisect.runners import bootstrap
 from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
 
 __all__ = ["launch_argv", "run_in_dir", "kill_all_running", "set_owner", "TAIL_BYTES", "KILL_GRACE_S"]
@@ -43,6 +58,10 @@ TAIL_BYTES = 4096
 """How much of the end of stdout / stderr a result keeps."""
 KILL_GRACE_S = 3.0
 """Seconds between SIGTERM and SIGKILL when a probe's process group is stopped."""
+CUT_GRACE_S = 5.0
+"""Seconds a command that runs as given may go on after its recording ended (every rank, or
+the process of the flat trace, stopped after ``--steps``) before the rest of it (a job
+script's evaluation, a second training run) is stopped: it is not judged."""
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 # interpreter options that take a separate value (python -X dev, -W ignore)
@@ -50,6 +69,7 @@ _PY_OPTS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
 
 # process groups of probes running in this process -> owner token, for Ctrl-C (kill_all_running)
 _LIVE: dict[int, object] = {}
+_TOKENS: dict[int, str] = {}  # process group -> the probe token its processes carry
 _LIVE_LOCK = threading.Lock()
 _OWNER = threading.local()
 
@@ -110,27 +130,53 @@ def _split_interpreter(argv: list[str], cwd: Path | None) -> tuple[str | None, l
     )
 
 
-def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> list[str]:
-    """The launcher command that records ``spec.argv`` into ``trace_dir``.
+def is_rewritten(argv: list[str], cwd: Path | None = None) -> bool:
+    """Whether ``argv`` is a plain Python command the launcher runs in-process (``python
+    train.py``, ``python -m pkg``, a ``#!`` Python script); not torchrun's agent
+    (``python -m torch.distributed.run``), which runs as given. ``UsageError`` for
+    ``python -c`` or a ``python`` without a program, as always."""
+    if _is_python(argv[0]):
+        _, prog = _interpreter_options(argv)
+        return not (prog[0] == "-m" and len(prog) > 1 and prog[1] in bootstrap.LAUNCHER_MODULES)
+    exe = argv[0]
+    path = Path(exe) if os.path.isabs(exe) or cwd is None else cwd / exe
+    return os.sep in exe and path.is_file() and _shebang_python(path)
 
-    The interpreter is ``spec.python`` when given, else the command's own interpreter;
-    a bare ``python``/``python3``/``python3.X`` of the running version resolves to the
-    interpreter running reprobisect (the one an activated virtual environment gives);
-    another version by name or a path is kept as given. Raises ``UsageError`` for commands that
-    are not Python (see the module docstring).
+
+def _python_for(spec: ProbeSpec, given: str | None) -> str:
+    """``spec.python``, else the command's interpreter: a bare ``python``/``python3``/``python3.X``
+    of the running version (or a ``#!`` script: ``given`` None) is the one running reprobisect."""
+    ours = {"python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}"}
+    if spec.python:
+        return spec.python
+    if given is None or given in ours:
+        return sys.executable
+    return given  # a path, or another version by name (python3.10): that interpreter
+
+
+def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> list[str]:
+    """The command that records ``spec.argv`` into ``trace_dir``.
+
+    A plain Python command (``is_rewritten``) becomes the launcher command: the interpreter
+    is ``spec.python`` when given, else the command's own interpreter; a bare
+    ``python``/``python3``/``python3.X`` of the running version resolves to the interpreter
+    running reprobisect (the one an activated virtual environment gives); another version by
+    name or a path is kept as given. Any other command is returned as given (the bootstrap
+    records it; a bare ``python -m torch.distributed.run`` gets the same interpreter).
     """
     argv = list(spec.argv)
     if not argv:
         raise UsageError("give the training command after --, e.g. bisect repro -- python train.py")
+    if not is_rewritten(argv, cwd):
+        return [_python_for(spec, argv[0]), *argv[1:]] if _is_python(argv[0]) else argv
     given, opts, prog = _split_interpreter(argv, cwd)
-    ours = {"python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}"}
-    if spec.python:
-        python = spec.python
-    elif given is None or given in ours:
-        python = sys.executable
-    else:
-        python = given  # a path, or another version by name (python3.10): that interpreter
-    cmd = [python, *opts, "-m", "reprobisect.runners.launch", "--trace", str(trace_dir), "--steps", str(spec.steps)]
+    python = _python_for(spec, given)
+    return [python, *opts, "-m", "reprobisect.runners.launch", *launch_options(spec, trace_dir), "--", *prog]
+
+
+def launch_options(spec: ProbeSpec, trace_dir: Path) -> list[str]:
+    """The launcher's options for ``spec`` (what goes between ``launch`` and ``--``)."""
+    cmd = ["--trace", str(trace_dir), "--steps", str(spec.steps)]
     if spec.full_steps:
         cmd += ["--full-steps", ",".join(str(s) for s in spec.full_steps)]
     if spec.state_steps:
@@ -142,8 +188,6 @@ def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> li
     if spec.state_every is not None:
         cmd += ["--state-every", str(spec.state_every)]
     cmd += list(spec.extra_launch_args)
-    cmd.append("--")
-    cmd += prog
     return cmd
 
 
@@ -151,10 +195,15 @@ def launch_argv(spec: ProbeSpec, trace_dir: Path, cwd: Path | None = None) -> li
 
 
 def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM the whole group, wait up to ``grace`` for the leader, then SIGKILL the group."""
+    """SIGTERM the whole group and every process carrying the probe's token (torchrun's
+    ranks run in sessions of their own), wait up to ``grace`` for the leader, then SIGKILL
+    all of them."""
+    token = _TOKENS.get(pgid)
+    anycommand.signal_tree(token, signal.SIGTERM)
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
+        _reap_group(pgid)
         return
     if proc is not None:
         try:
@@ -167,11 +216,13 @@ def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GR
 
 
 def _reap_group(pgid: int) -> None:
-    """SIGKILL whatever is left of a process group (stray DataLoader workers, children)."""
+    """SIGKILL whatever is left of a process group (stray DataLoader workers, children) and
+    of the probe's processes outside it."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    anycommand.kill_tree(_TOKENS.get(pgid))
 
 
 def set_owner(owner: object | None) -> None:
@@ -201,6 +252,9 @@ class _Ended:
     out: str
     err: str
     both: str
+    log: BoundedOutput | None = None
+    cut: bool = False
+    """The rest of a command that runs as given was stopped after its recording ended."""
 
 
 def _commit_of(workdir: Path) -> str | None:
@@ -241,23 +295,38 @@ def _unrunnable(spec: ProbeSpec, cwd: Path, cmd: list[str]) -> Outcome | None:
     if not cwd.is_dir():
         return Outcome(Status.SKIP, detail=f"folder '{spec.subdir}' does not exist at this revision")
     exe = cmd[0]
+    if os.sep in exe and not os.path.isabs(exe) and not is_rewritten(list(spec.argv), cwd):
+        exe = str(cwd / exe)  # ./job.sh: the command's folder, where it runs
     if os.sep in exe:
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
             return Outcome(Status.SKIP, detail=f"interpreter '{exe}' not found or not executable")
-    elif shutil.which(exe) is None:
+    elif shutil.which(exe, path=_search_path(spec, cmd)) is None:
         return Outcome(Status.SKIP, detail=f"command '{exe}' not found on PATH")
     return None
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
-    """(return code, timed out): the whole group is killed on a timeout or an interrupt."""
+def _search_path(spec: ProbeSpec, cmd: list[str]) -> str | None:
+    """The PATH the command will search: a command that runs as given finds reprobisect's
+    interpreter's folder first (``_probe_env``)."""
+    path = {**os.environ, **spec.env}.get("PATH")
+    if cmd and cmd[0] == spec.argv[0] and not _is_python(cmd[0]):
+        bindir = os.path.dirname(os.path.abspath(spec.python or sys.executable))
+        return bindir + (os.pathsep + path if path else "")
+    return path
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None,
+          recorded: Callable[[], bool] | None = None) -> tuple[int, bool, bool]:
+    """(return code, timed out, cut): the whole group is killed on a timeout or an interrupt,
+    and ``CUT_GRACE_S`` after ``recorded()`` turned true (cut: the rest of the command)."""
     pgid = proc.pid
     try:
         try:
-            return proc.wait(timeout=timeout), False
+            rc, cut = _wait_recorded(proc, timeout, recorded)
+            return rc, False, cut
         except subprocess.TimeoutExpired:
             _kill_group(pgid, proc)
-            return proc.wait(), True
+            return proc.wait(), True, False
         except BaseException:
             _kill_group(pgid, proc, grace=0.5)
             proc.wait()
@@ -266,10 +335,34 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
         _reap_group(pgid)  # stray children (DataLoader workers) die with the probe
 
 
+def _wait_recorded(proc: subprocess.Popen, timeout: float | None,
+                   recorded: Callable[[], bool] | None) -> tuple[int, bool]:
+    """Wait for ``proc`` (``TimeoutExpired`` past ``timeout``); with ``recorded``, stop the
+    rest of the command once the recording ended and it ran on ``CUT_GRACE_S`` more."""
+    if recorded is None:
+        return proc.wait(timeout=timeout), False
+    deadline = None if timeout is None else time.monotonic() + timeout
+    since: float | None = None
+    while True:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+        try:
+            return proc.wait(timeout=0.25 if deadline is None else min(0.25, deadline - now)), False
+        except subprocess.TimeoutExpired:
+            pass
+        if since is None and recorded():
+            since = time.monotonic()
+        if since is not None and time.monotonic() - since >= CUT_GRACE_S:
+            _kill_group(proc.pid, proc, grace=1.0)
+            return proc.wait(), True
+
+
 def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None, trace_dir: Path,
-               echo: bool) -> _Ended | Outcome:
+               echo: bool, recorded: Callable[[], bool] | None = None) -> _Ended | Outcome:
     """Run ``cmd`` in its own process group, keeping (and maybe echoing) its output; an
-    ``Outcome`` (skip) when it cannot even start."""
+    ``Outcome`` (skip) when it cannot even start. ``env`` carries the probe's token
+    (``bootstrap.ENV_PROBE``): every process holding it dies with the probe."""
     log = BoundedOutput()
     try:
         proc = subprocess.Popen(
@@ -280,25 +373,31 @@ def _run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | 
         return Outcome(Status.SKIP, detail=f"cannot start '{cmd[0]}': {e.strerror or e}")
     with _LIVE_LOCK:
         _LIVE[proc.pid] = getattr(_OWNER, "value", None)
+        if env.get(bootstrap.ENV_PROBE):
+            _TOKENS[proc.pid] = env[bootstrap.ENV_PROBE]
     to_out, to_err = echo_streams() if echo else (None, None)
     readers, (out_ring, err_ring) = pump([(proc.stdout, to_out), (proc.stderr, to_err)], log, TAIL_BYTES)
     try:
-        rc, timed_out = _wait(proc, timeout)
+        rc, timed_out, cut = _wait(proc, timeout, recorded)
     finally:
         with _LIVE_LOCK:
             _LIVE.pop(proc.pid, None)
+            _TOKENS.pop(proc.pid, None)
         for t in readers:  # the group is dead: its pipes end (a daemon outside it may keep one open)
             t.join(timeout=2.0)
-        if (trace_dir / "manifest.json").is_file():
-            try:
-                log.save(trace_dir / OUTPUT_LOG)
-            except OSError:
-                pass  # the output is a courtesy: never a reason to lose the probe
     return _Ended(rc, timed_out, out_ring.tail_text(TAIL_BYTES), err_ring.tail_text(TAIL_BYTES),
-                  log.tail_text(TAIL_BYTES))
+                  log.tail_text(TAIL_BYTES), log, cut)
 
 
-def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outcome:
+def _save_log(end: _Ended, trace_dir: Path) -> None:
+    if end.log is not None and (trace_dir / "manifest.json").is_file():
+        try:
+            end.log.save(trace_dir / OUTPUT_LOG)
+        except OSError:
+            pass  # the output is a courtesy: never a reason to lose the probe
+
+
+def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Path | None = None) -> Outcome:
     """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
     rc, err = end.returncode, end.err
     if end.timed_out:
@@ -309,7 +408,19 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outco
         except ValueError:
             name = f"signal {-rc}"
         return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
+    shards = anycommand.read_shards(trace_dir)
+    if shards:  # ranks the program started (mp.spawn): they are the trace, the launcher's own is empty
+        parent = _sealed_outcome(trace_dir)
+        quiet = parent is not None and parent.status in (Status.OK, Status.NO_STEPS)
+        said = "\n".join([err, *(x or "" for x in ((parent.detail, parent.traceback) if parent else ()))])
+        return _with(anycommand.judge_ranks(shards, 0 if quiet else rc, said,
+                                                bootstrap.crash_times(boot) if boot else None), trace=str(trace_dir))
     sealed = _sealed_outcome(trace_dir)
+    if sealed is not None and sealed.status is Status.NO_STEPS and boot is not None and bootstrap.unrecorded(boot):
+        child = bootstrap.unrecorded(boot)[0]
+        return _with(replace(sealed, detail=(
+            f"{sealed.detail}; a process it started trained instead ({' '.join(map(str, child.get('argv') or []))}, "
+            "not recorded: the trace is the launched script's); give that process's command")), returncode=rc)
     if sealed is not None:
         return _with(sealed, returncode=rc, trace=str(trace_dir) if sealed.status is Status.OK else sealed.trace)
     if "No module named reprobisect" in err or "No module named 'reprobisect" in err:
@@ -322,6 +433,74 @@ def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended) -> Outco
                    returncode=rc)
 
 
+def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) -> Outcome:
+    """The outcome of a command that ran as given: timeout, signal, then the shards of its
+    ranks, the flat trace its training process wrote, or its exit status."""
+    rc, err = (0 if end.cut else end.returncode), end.err
+    if end.timed_out:
+        return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; every process of the probe killed",
+                       returncode=rc)
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
+    shards = anycommand.read_shards(trace_dir)
+    if shards:
+        return _with(anycommand.judge_ranks(shards, rc, err, bootstrap.crash_times(boot)), trace=str(trace_dir))
+    sealed = _sealed_outcome(trace_dir)
+    out = anycommand.judge_flat(sealed, rc, err, bootstrap.unrecorded(boot))
+    return _with(out, trace=str(trace_dir)) if sealed is not None and sealed.status is Status.OK else out
+
+
+def _probe_env(spec: ProbeSpec, cmd: list[str], trace_dir: Path, cwd: Path, boot: Path, wrapped: bool) -> dict[str, str]:
+    """The command's environment: this process's, ``spec.env``, the bootstrap folder first on
+    PYTHONPATH; a command that runs as given also finds reprobisect's interpreter first on PATH."""
+    from reprobisect.runners.registry import recorders
+
+    env = {**os.environ, **spec.env}
+    triggers = [t for e in recorders() for t in e.triggers]
+    env.update(bootstrap.prepare(boot, trace_dir=trace_dir, launch_args=launch_options(spec, trace_dir),
+                                 command=list(spec.argv), triggers=triggers, cwd=cwd,
+                                 pythonpath=env.get("PYTHONPATH") or None))
+    if wrapped:
+        bindir = os.path.dirname(os.path.abspath(spec.python or sys.executable))
+        env["PATH"] = bindir + (os.pathsep + env["PATH"] if env.get("PATH") else "")
+    return env
+
+
+def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo: bool) -> tuple[Outcome, _Ended | None]:
+    """Run the probe's command with its bootstrap folder (removed afterwards) and judge its end."""
+    wrapped = not is_rewritten(list(spec.argv), cwd)
+    trace_dir.parent.mkdir(parents=True, exist_ok=True)
+    if wrapped:
+        refused = anycommand.clear_trace(trace_dir)
+        if refused:
+            return Outcome(Status.INFRA, detail=f"{refused}; choose another output path"), None
+    # beside the trace (hidden), so it goes with the probe's traces folder if this process is killed
+    boot = Path(tempfile.mkdtemp(prefix=f".{trace_dir.name}.boot-", dir=trace_dir.parent))
+    try:
+        env = _probe_env(spec, cmd, trace_dir, cwd, boot, wrapped)
+        recorded = (lambda: bootstrap.recording_ended(boot)) if wrapped else None
+        end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo, recorded)
+        if isinstance(end, Outcome):
+            return end, None
+        if wrapped:
+            judged = _judge_wrapped(spec, trace_dir, end, boot)
+            if end.cut:
+                judged = replace(judged, detail=f"{judged.detail}; the rest of the command was stopped "
+                                                f"{CUT_GRACE_S:g} s after the recording ended")
+        else:
+            judged = _judge_end(spec, cmd[0], trace_dir, end, boot)
+        if anycommand.read_shards(trace_dir):
+            anycommand.assemble(trace_dir, command=list(spec.argv), outcome=judged)
+        _save_log(end, trace_dir)
+        return judged, end
+    finally:
+        shutil.rmtree(boot, ignore_errors=True)
+
+
 def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = False) -> ProbeResult:
     """Run one probe of ``spec`` in ``workdir/spec.subdir``, recording into ``trace_dir``.
 
@@ -330,7 +509,9 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     ``timeout`` when ``spec.timeout`` passed (the whole group is killed: SIGTERM, then
     SIGKILL after ``KILL_GRACE_S``); ``infra`` when it was killed by a signal or left no
     sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
-    Raises ``UsageError`` only for a command that is not Python (nothing can run it).
+    Raises ``UsageError`` only for ``python -c`` or a ``python`` without a program.
+    Ranks (torchrun's, ``mp.spawn``'s) leave one shard each under ``trace_dir/ranks/`` and
+    the top manifest is assembled once the command ended (``anycommand.assemble``).
 
     The command's stdout and stderr are kept, bounded (``reprobisect.support.outputlog``), as
     ``output.log`` in ``trace_dir`` once it ended (when the launcher made the trace
@@ -346,9 +527,7 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     cmd = launch_argv(spec, trace_dir, cwd) if cwd.is_dir() else []
     outcome = _unrunnable(spec, cwd, cmd)
     if outcome is None:
-        trace_dir.parent.mkdir(parents=True, exist_ok=True)
-        end = _run_child(cmd, cwd, {**os.environ, **spec.env}, spec.timeout, trace_dir, echo)
-        outcome = end if isinstance(end, Outcome) else _judge_end(spec, cmd[0], trace_dir, end)
+        outcome, end = _run_probe(spec, cmd, cwd, trace_dir, echo)
     ended = end if isinstance(end, _Ended) else _Ended(0, False, "", "", "")
     outcome = _with(outcome, wall_s=round(time.monotonic() - t0, 3))
     if not outcome and spec.repo and spec.revision:

@@ -63,18 +63,18 @@ seed_source``), or null. Evaluation after the last step is in ``extra.eval_after
 from __future__ import annotations
 
 import argparse
-import importlib.abc
 import importlib.util
 import os
 import runpy
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from reprobisect import native
 from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
+from reprobisect.runners.bootstrap.watch import Activator as _Activator
 from reprobisect.runners.environment import collect_environment, revision_of
 from reprobisect.runners.registry import RecorderEntry, recorders
 from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS
@@ -163,50 +163,15 @@ def check_detail(detail: Any, state_every: Any) -> tuple[str, int | None]:
     return detail, k
 
 
-class _Activator(importlib.abc.MetaPathFinder):
-    """Calls ``on_import(name)`` right after the script's import of a watched module finishes."""
-
-    def __init__(self, names: set[str], on_import: Callable[[str], None]) -> None:
-        self.names = set(names)
-        self.on_import = on_import
-        self.busy: set[str] = set()
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None):
-        if fullname not in self.names or fullname in self.busy:
-            return None
-        self.busy.add(fullname)
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self.busy.discard(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        orig = loader.exec_module
-        activator = self
-
-        def exec_module(module):
-            orig(module)
-            activator.names.discard(fullname)
-            if not activator.names:
-                try:
-                    sys.meta_path.remove(activator)
-                except ValueError:
-                    pass
-            activator.on_import(fullname)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 class _Run:
-    def __init__(self, ns: argparse.Namespace, prog: list[str]) -> None:
+    """One recorded run: its options, its writer, the recorders activated in this process.
+
+    ``python -m reprobisect.runners.launch`` makes one with an eager ``TraceWriter``; the
+    bootstrap (``reprobisect.runners.bootstrap``, in every Python process a wrapped command
+    starts) passes a lazy ``writer`` that makes its trace (flat or a rank's shard) only at
+    the first step, so that processes which never step leave nothing behind."""
+
+    def __init__(self, ns: argparse.Namespace, prog: list[str], writer: Any = None) -> None:
         self.ns = ns
         self.prog = prog
         self.recorder: Any = None
@@ -226,7 +191,7 @@ class _Run:
             "detail": ns.detail,
             "state_every": ns.state_every,
         }
-        self.writer = TraceWriter(
+        self.writer = writer if writer is not None else TraceWriter(
             ns.trace,
             command=list(prog),
             policy=self.policy_json,
@@ -401,9 +366,12 @@ class _Run:
             detail=outcome.detail,
             step=outcome.step,
             traceback=outcome.traceback,
-            trace=os.path.abspath(self.ns.trace),
+            trace=os.path.abspath(getattr(self.writer, "path", self.ns.trace)),
             wall_s=round(time.monotonic() - self.t0, 3),
         )
+        self.outcome = outcome
+        if not getattr(self.writer, "materialized", True):
+            return  # a lazy writer that never began a step: this process leaves no trace
         status = "complete" if outcome.status in (Status.OK, Status.NONFINITE) else "failed"
         self.writer.close(
             status,
@@ -465,6 +433,7 @@ def _format_tb(e: BaseException) -> str:
 def run(argv: Sequence[str]) -> int:
     """Run the launcher in this process; returns the exit status (does not exit)."""
     ns, prog = parse_args(argv)
+    _claim_process()
     r = _Run(ns, prog)
     outcome = r.execute()
     if r.recorder is not None:
@@ -473,6 +442,16 @@ def run(argv: Sequence[str]) -> int:
     r.seal(outcome)
     _say(r.outcome, r.steps_done)
     return LAUNCH_EXIT[outcome.status]
+
+
+def _claim_process() -> None:
+    """This process records through the launcher: a bootstrap that ``sitecustomize`` started
+    here (the probe's folder on PYTHONPATH) stands down, and the flat trace is this one's
+    (bootstrapped child processes that are not ranks do not take it)."""
+    from reprobisect.runners.bootstrap import claims
+
+    claims.stand_down()
+    claims.claim_flat()
 
 
 def _say(outcome: Outcome, steps: int) -> None:
