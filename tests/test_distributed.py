@@ -1,9 +1,8 @@
 """Multi-rank traces (issue 13): trace/ranks.py on synthetic shards, rank-aware compare,
 distributed findings, and real torchrun runs (gloo, CPU, 2 ranks) of a tiny DDP/FSDP2
 script (tests/distributed/ddp_train.py) recorded one shard per rank.
-
-TODO(issue 13 merge): the torchrun runs go through tests/distributed/record_rank.py (the
-launcher per rank, then ``assemble``) until helper boot's launcher records torchrun itself.
+The torchrun runs go through ``bisect capture -- python -m torch.distributed.run ...``: the
+bootstrap records every rank, the probe assembles the top manifest.
 """
 
 from __future__ import annotations
@@ -261,7 +260,6 @@ def test_environment_records_the_distributed_settings(monkeypatch):
 # real torchrun (gloo, CPU, 2 ranks)
 
 SCRIPT = HERE / "distributed" / "ddp_train.py"
-WRAPPER = HERE / "distributed" / "record_rank.py"
 
 
 def _env(**kw: str) -> dict[str, str]:
@@ -271,15 +269,14 @@ def _env(**kw: str) -> dict[str, str]:
 
 
 def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None) -> Path | None:
-    """Run ddp_train.py MODE under torchrun (recorded into ``trace`` unless None), then assemble."""
-    prog = [str(WRAPPER), str(SCRIPT), mode] if trace is not None else [str(SCRIPT), mode]
-    env = _env(RB_STEPS=str(steps), **({"RB_TRACE": str(trace)} if trace else {}), **({"DUMP": str(dump)} if dump else {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *prog]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
-    if trace is not None and is_multi_rank(trace):
-        assemble(trace, command=["torchrun", f"--nproc_per_node={nproc}", "ddp_train.py", mode],
-                 outcome={"status": "ok", "detail": "done"})
+    """Run ddp_train.py MODE under torchrun: through ``bisect capture`` (one shard per rank) into
+    ``trace``, or plain when ``trace`` is None."""
+    env = _env(**({"DUMP": str(dump)} if dump else {}))
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT), mode]
+    if trace is not None:
+        run = [sys.executable, "-m", "reprobisect", "capture", "-o", str(trace), "--steps", str(steps), "--", *run]
+    r = subprocess.run(run, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return trace
 
 

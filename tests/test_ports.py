@@ -147,15 +147,6 @@ _SHOW_PORT = textwrap.dedent(
 )
 
 
-def _run_in_dir_gives_ports() -> bool:
-    import inspect
-
-    from reprobisect.executors import process
-
-    return "rendezvous_env" in inspect.getsource(process.run_in_dir)
-
-
-@pytest.mark.skipif(not _run_in_dir_gives_ports(), reason="needs the issue-13 merge's rendezvous_env call in process.run_in_dir")
 def test_local_probes_running_at_once_get_their_own_ports_and_a_user_port_is_kept(tmp_path):
     """``--jobs 2`` on this machine: each probe's command sees its own free port; a port set in
     the probe's environment reaches its command unchanged."""

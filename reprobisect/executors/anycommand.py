@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reprobisect.core.outcome import Outcome, Status
+from reprobisect.trace import ranks
 
 __all__ = ["tree_pids", "signal_tree", "clear_trace", "read_shards", "judge_ranks", "judge_flat", "assemble"]
 
@@ -225,8 +226,7 @@ def _last_line(text: str) -> str:
 
 
 def assemble(trace_dir: Path, *, command: list[str], outcome: Outcome) -> None:
-    """Write the top manifest of a multi-rank trace: the reader's ``trace.ranks.assemble``
-    when there is one, else the minimal stand-in below. A launcher's own empty flat trace
+    """Write the top manifest of a multi-rank trace (``trace.ranks.assemble``). A launcher's own empty flat trace
     (``mp.spawn``'s parent under the launcher) gives way to the ranks first."""
     for stray in ("steps.jsonl", "tensors", "state"):
         p = trace_dir / stray
@@ -234,37 +234,4 @@ def assemble(trace_dir: Path, *, command: list[str], outcome: Outcome) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif p.exists():
             p.unlink()
-    try:
-        from reprobisect.trace.ranks import assemble as owners  # type: ignore[import-not-found]
-    except ImportError:
-        owners = None
-    if owners is not None:
-        owners(trace_dir, command=list(command), outcome=outcome.to_json())
-        return
-    _assemble_standin(trace_dir, command=command, outcome=outcome)
-
-
-def _assemble_standin(trace_dir: Path, *, command: list[str], outcome: Outcome) -> None:
-    # TODO(issue 13 merge): replaced by reprobisect.trace.ranks.assemble (helper ddp's)
-    from reprobisect.trace.writer import write_json_atomic
-
-    shards = read_shards(trace_dir)
-    base = dict(shards.get(0) or next((m for m in shards.values() if m), None) or {})
-    ranks = []
-    for r, m in shards.items():
-        dist = ((m or {}).get("extra") or {}).get("distributed") or {}
-        ranks.append({"rank": r, "path": f"ranks/rank-{r}", "status": (m or {}).get("status", "incomplete"),
-                      "steps": (m or {}).get("steps", 0), "local_rank": dist.get("local_rank"),
-                      "device": dist.get("device")})
-    world = max([int(x.get("world_size") or 0) for x in
-                 (((m or {}).get("extra") or {}).get("distributed") or {} for m in shards.values())] + [len(shards)])
-    ok = outcome.status in (Status.OK, Status.NONFINITE)
-    top = {**{k: v for k, v in base.items() if k not in ("files", "steps", "error")},
-           "status": "complete" if ok else "failed", "command": list(command), "outcome": outcome.to_json(),
-           "error": None if ok else str(outcome), "files": {}, "steps": min([x["steps"] for x in ranks] or [0]),
-           "ranks": ranks, "world_size": world}
-    extra = dict(top.get("extra") or {})
-    extra.pop("distributed", None)
-    top["extra"] = extra
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(trace_dir / "manifest.json", top)
+    ranks.assemble(trace_dir, command=list(command), outcome=outcome.to_json())

@@ -49,6 +49,7 @@ from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
 from reprobisect.executors import anycommand
+from reprobisect.executors.ports import rendezvous_env
 from reprobisect.runners import bootstrap
 from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
 
@@ -455,11 +456,11 @@ def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) ->
 
 
 def _probe_env(spec: ProbeSpec, cmd: list[str], trace_dir: Path, cwd: Path, boot: Path, wrapped: bool) -> dict[str, str]:
-    """The command's environment: this process's, ``spec.env``, the bootstrap folder first on
-    PYTHONPATH; a command that runs as given also finds reprobisect's interpreter first on PATH."""
+    """The command's environment: this process's, ``spec.env``, a rendezvous port of its own
+    (``ports.rendezvous_env``), the bootstrap folder first on PYTHONPATH; a command that runs as given also finds reprobisect's interpreter first on PATH."""
     from reprobisect.runners.registry import recorders
 
-    env = {**os.environ, **spec.env}
+    env = rendezvous_env({**os.environ, **spec.env})  # a free port per probe unless the user set one
     triggers = [t for e in recorders() for t in e.triggers]
     env.update(bootstrap.prepare(boot, trace_dir=trace_dir, launch_args=launch_options(spec, trace_dir),
                                  command=list(spec.argv), triggers=triggers, cwd=cwd,
