@@ -128,6 +128,10 @@ def test_launch_argv_keeps_python_and_passes_any_other_command(tmp_path):
     assert cmd == [PY, "-m", "torch.distributed.run", "t.py"]  # torchrun's agent runs as given, our interpreter
     cmd = launch_argv(ProbeSpec(key="k", argv=("python", "t.py")), tmp_path / "T")
     assert cmd[:3] == [PY, "-m", "reprobisect.runners.launch"] and cmd[-2:] == ["--", "t.py"]  # the fast path
+    # the torchrun console script is a #! Python script, but only an agent: it runs as given (were it run by the
+    # launcher, the agent's own empty recording would print a no_steps line beside the ranks' traces)
+    assert launch_argv(ProbeSpec(key="k", argv=(TORCHRUN, "t.py")), tmp_path / "T") == [TORCHRUN, "t.py"]
+    assert launch_argv(ProbeSpec(key="k", argv=("python", TORCHRUN, "t.py")), tmp_path / "T")[1:] == [TORCHRUN, "t.py"]
 
 
 # --------------------------------------------------------------------------- a job script around one process

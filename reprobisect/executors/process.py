@@ -134,14 +134,17 @@ def _split_interpreter(argv: list[str], cwd: Path | None) -> tuple[str | None, l
 def is_rewritten(argv: list[str], cwd: Path | None = None) -> bool:
     """Whether ``argv`` is a plain Python command the launcher runs in-process (``python
     train.py``, ``python -m pkg``, a ``#!`` Python script); not torchrun's agent
-    (``python -m torch.distributed.run``), which runs as given. ``UsageError`` for
-    ``python -c`` or a ``python`` without a program, as always."""
+    (``python -m torch.distributed.run``, the ``torchrun`` script), which runs as given.
+    ``UsageError`` for ``python -c`` or a ``python`` without a program, as always."""
     if _is_python(argv[0]):
         _, prog = _interpreter_options(argv)
-        return not (prog[0] == "-m" and len(prog) > 1 and prog[1] in bootstrap.LAUNCHER_MODULES)
+        if prog[0] == "-m":
+            return not (len(prog) > 1 and prog[1] in bootstrap.LAUNCHER_MODULES)
+        return os.path.basename(prog[0]) not in bootstrap.LAUNCHER_SCRIPTS
     exe = argv[0]
     path = Path(exe) if os.path.isabs(exe) or cwd is None else cwd / exe
-    return os.sep in exe and path.is_file() and _shebang_python(path)
+    return (os.sep in exe and path.is_file() and _shebang_python(path)
+            and os.path.basename(exe) not in bootstrap.LAUNCHER_SCRIPTS)
 
 
 def _python_for(spec: ProbeSpec, given: str | None) -> str:

@@ -60,7 +60,8 @@ __all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_f
 
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 """``python -m`` modules that only launch ranks (torchrun's agent): never recorded."""
-_LAUNCHER_SCRIPTS = ("torchrun",)
+LAUNCHER_SCRIPTS = ("torchrun",)
+"""Console scripts that only launch ranks (torchrun's agent): never recorded."""
 _HELPER_SCRIPTS = ("torch/_inductor/compile_worker/__main__.py",)  # torch.compile's worker pool
 _BARRIER_S = 30.0
 
@@ -115,7 +116,7 @@ def _is_launcher(argv: Sequence[str]) -> bool:
         if a == "-c" or a.startswith("-c"):
             return False
         if not a.startswith("-") or a == "-":
-            return os.path.basename(a) in _LAUNCHER_SCRIPTS or a.replace(os.sep, "/").endswith(_HELPER_SCRIPTS)
+            return os.path.basename(a) in LAUNCHER_SCRIPTS or a.replace(os.sep, "/").endswith(_HELPER_SCRIPTS)
         i += 2 if a in ("-X", "-W") else 1
     return False
 
