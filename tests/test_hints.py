@@ -31,8 +31,8 @@ def _tensors(k: int, init_seed: int) -> list[tuple[str, str, np.ndarray, str | N
 
 
 def trace(path: Path, *, init_seed: int = 0, seed=None, env=None, batch=None, lr=(0.001,), steps: int = 3,
-          same_from: int = 10**9, tensors=None, drop=(), init: bool = False) -> Path:
-    with TraceWriter(path, command=["python", "train.py"], environment=env or ENV, seed=seed) as wr:
+          same_from: int = 10**9, tensors=None, drop=(), init: bool = False, extra=None) -> Path:
+    with TraceWriter(path, command=["python", "train.py"], environment=env or ENV, seed=seed, extra=extra) as wr:
         for k in range(steps):
             wr.begin_step(k)
             rows = (tensors or _tensors)(k, init_seed if k < same_from else 0)
@@ -201,3 +201,25 @@ def test_per_step_tally_never_counts_more_differing_than_records(tmp_path):
     assert "0: 6/7" in render_comparison(c)
     for s in c.per_step:
         assert s.identical + s.close + s.differ == s.records
+
+
+# -- layers a TensorFlow graph-mode fit does not expose --------------------------------------
+
+
+def _no_layers(k: int, init_seed: int) -> list[tuple[str, str, np.ndarray, str | None]]:
+    """A graph-mode Keras step: input, output, loss, grads, params; no layer outputs."""
+    return [(kind, name, a, m) for kind, name, a, m in _tensors(k, init_seed) if kind != "activation"]
+
+
+def test_a_divergence_behind_unrecorded_layers_says_how_to_name_the_layer(tmp_path):
+    graph = {"tensorflow": {"mode": "graph", "layer_outputs": "not recorded: graph mode (run_eagerly=False)"}}
+    a = trace(tmp_path / "a", tensors=_no_layers, extra=graph)
+    b = trace(tmp_path / "b", tensors=_no_layers, init_seed=1, extra=graph)
+    c = compare_paths(a, b)
+    assert c.first is not None and c.first.kind == "loss"
+    (hint,) = [h for h in hints_of(c) if "layer outputs" in h]
+    assert "graph mode" in hint and "REPROBISECT_TF_EAGER=1" in hint
+    # recorded layers (eager, torch): no such hint
+    e = trace(tmp_path / "e", tensors=_no_layers, extra={"tensorflow": {"mode": "eager"}})
+    f = trace(tmp_path / "f", tensors=_no_layers, init_seed=1, extra={"tensorflow": {"mode": "eager"}})
+    assert not [h for h in hints_of(compare_paths(e, f)) if "layer outputs" in h]

@@ -364,6 +364,27 @@ def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
             "evaluation its own torch.Generator to keep training independent of it")
 
 
+def _layers_hidden(trace: Any) -> str | None:
+    """Why a trace holds no layer outputs (a TensorFlow graph-mode or XLA ``fit``), or None."""
+    extra = getattr(getattr(trace, "manifest", None), "extra", None) or {}
+    why = (extra.get("tensorflow") or {}).get("layer_outputs") if isinstance(extra, dict) else None
+    return why if isinstance(why, str) and why.startswith("not recorded") else None
+
+
+def hidden_layers_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
+    """The first divergence is the model's output (or after it) because the layers between
+    input and output were not recorded: say so, and how to name the layer."""
+    first = getattr(comp, "first", None)
+    if first is None or first.kind not in ("output", "loss", "grad", "param", "optim_state"):
+        return None
+    why = _layers_hidden(trace_a) or _layers_hidden(trace_b)
+    if why is None:
+        return None
+    return (f"layer outputs were {why}, so the first difference can only show at the model's {first.kind}; to name "
+            "the layer, re-run both sides eagerly: export REPROBISECT_TF_EAGER=1 (fit runs with run_eagerly=True "
+            "and every layer's output is recorded; both sides change mode alike)")
+
+
 def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: tuple[str | None, ...] = ()) -> list[str]:
     """Every hint the evidence supports for a comparison of two runs (``hint: `` not included).
 
@@ -382,4 +403,7 @@ def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: 
     data = evaluation_hint(trace_a, trace_b, comp) or hashseed_hint(trace_a, trace_b, comp, given=given_hashseeds)
     if data:
         out.append(data)
+    hidden = hidden_layers_hint(trace_a, trace_b, comp)
+    if hidden:
+        out.append(hidden)
     return out
