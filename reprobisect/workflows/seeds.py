@@ -53,6 +53,7 @@ from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.workflows.escalate import Escalation, escalate_or_why
 from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = [
@@ -155,6 +156,9 @@ class SeedMap:
     noise_floor: tuple[NoiseFloorStep, ...] | None = None
     first_divergence: Comparison | None = None
     """The comparison of the first two seeds' traces (where they first stop agreeing)."""
+    escalation: Escalation | None = None
+    """With ``--detail sentinel``: the full chain where the first two seeds first differ, from
+    replays of both (``reprobisect.workflows.escalate``); None when they agree or recorded full detail."""
 
     def __bool__(self) -> bool:
         return not self.flags
@@ -548,4 +552,6 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         comps = seed_map(traces, seeds)
         nf = noise_floor(traces) if noise else None
         first = compare_results(results[0], results[1], "bitwise")
-    return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first)
+        esc = escalate_or_why(first, results[0], results[1], ex, "bitwise")
+    return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first,
+                   escalation=esc)
