@@ -240,3 +240,33 @@ def test_sentinel_probe_repro_names_the_same_tensor_as_a_full_recording(tmp_path
     assert ref.verdict.verdict == "bad" and ref.escalation is not None and ref.escalation.comparison is None
     text = render_probe_report(ref)
     assert "full detail at step 5 is inconclusive" in text and "cannot be replayed" in text, text
+
+
+# --------------------------------------------------------------------------- planted late divergence
+
+
+def _late_divergence():
+    """scripts/bench/late_divergence.py as a module (its planted cases and history builder)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "late_divergence.py"
+    spec = importlib.util.spec_from_file_location("late_divergence", path)
+    mod = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_sentinel_runs_over_200_steps_names_a_late_lr_milestone_as_full_detail_does(tmp_path):
+    """An LR milestone moved to step 150 of 200: ``bisect runs --detail sentinel`` finds the
+    culprit and its escalation (replays of steps 100..150 from the state after step 99) names
+    the same step · kind · tensor as two full-detail recordings of the whole run."""
+    ld = _late_divergence()
+    r = ld.run_case("lr_milestone", tmp_path, steps=200, full="pair")
+    assert r.culprit_found, r
+    assert r.escalated is not None and r.escalated[0] == 150, r
+    assert r.escalated == r.full, r
+    assert r.reason == "full detail: replayed steps 100..150 from the state after step 99 with full detail on both sides"
