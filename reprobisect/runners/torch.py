@@ -1420,7 +1420,8 @@ class TorchRecorder:
         for rec in zoom_records:
             self.writer.record(rec)
         self.writer.end_step(scalars, batch_ids=self._batch_ids)
-        self._disk_used = self._trace_bytes()
+        if self.policy.max_disk is not None:  # a walk of the whole trace: only a budget needs it
+            self._disk_used = self._trace_bytes()
 
         step = self.step
         if self.policy.wants_state(step):
