@@ -1580,7 +1580,8 @@ class TorchRecorder:
         except NotImplementedError:
             self.notes.append(f"state at step {step} not captured: state capture is not available in this build")
             return
-        self._disk_used = self._trace_bytes()
+        if budget is not None:
+            self._disk_used = self._trace_bytes()
         if budget is not None and self._disk_used > budget:
             msg = f"the state at step {step} took the trace to {self._disk_used} bytes, over --max-disk {budget}"
             self.notes.append(msg)
