@@ -12,7 +12,9 @@ An environment SPEC is comma-separated items:
 ``run_envs`` probes both sides (in parallel when the executor has two jobs), then gives
 the environment diff (``reprobisect.core.envdiff``: numerics-relevant changes first) and the
 first divergence under the ``default`` tolerance (per dtype) unless told otherwise.
-A value containing a comma can be written with ``\\,``.
+A value containing a comma can be written with ``\\,``. With ``--detail sentinel`` the first
+difference is escalated (``reprobisect.workflows.escalate``): both sides are replayed under
+their own environments with full detail from the last state before it (``EnvsResult.escalation``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ loss that changes while nothing recorded upstream changed depends on the seed th
 something unrecorded; the flag says so. ``--noise-floor`` (3 seeds or more) gives the
 per-step spread of loss and gradient norm across seeds, the yardstick for judging a
 divergence elsewhere against ordinary seed-to-seed noise.
+
+With ``--detail sentinel`` the first two seeds' first difference is escalated
+(``reprobisect.workflows.escalate``): both are replayed with full detail from the last
+state before it, and ``SeedMap.escalation`` names the full chain's first broken link there.
 """
 
 from __future__ import annotations
