@@ -379,3 +379,62 @@ def test_runs_with_sentinel_names_the_culprit_and_its_sentinel(tmp_path):
     assert len(replays) == 2 and all(t.detail == "full" for t in replays)
     esc = r.divergence["escalation"]
     assert esc["conclusive"] and esc["step"] == 0 and esc["from_step"] == 0, esc
+
+
+# -- the step end's cost: what a sentinel step must not do ----------------------------------
+
+
+def _record_in_process(tmp_path: Path, **policy) -> tuple[Path, int]:
+    """Four steps of a tiny model recorded in this process; (trace, times the whole trace
+    folder was walked for its size)."""
+    import torch
+
+    from reprobisect.runners.torch import RecordPolicy, TorchRecorder
+
+    walks = [0]
+
+    class Counting(TorchRecorder):
+        def _trace_bytes(self) -> int:
+            walks[0] += 1
+            return super()._trace_bytes()
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    writer = TraceWriter(tmp_path / "t", command=["t"], policy={})
+    rec = Counting(writer, RecordPolicy(steps=10**9, detail="sentinel", state_every=2, **policy)).install()
+    try:
+        for _ in range(4):
+            opt.zero_grad()
+            net(torch.ones(2, 3)).sum().backward()
+            opt.step()
+        net(torch.ones(2, 3))  # the boundary after the last step (its state is captured here)
+    finally:
+        rec.remove()
+        writer.close()
+    return tmp_path / "t", walks[0]
+
+
+def test_a_step_walks_the_trace_for_its_size_only_under_a_disk_budget(tmp_path):
+    """The size of the trace folder (a walk of every file, more with every captured state)
+    matters only to --max-disk: without one a step never walks it."""
+    trace, walks = _record_in_process(tmp_path / "free")
+    assert walks == 0 and len(read_trace(trace).steps) == 4
+    _, walks = _record_in_process(tmp_path / "budget", max_disk=10**9)
+    assert walks >= 4
+
+
+def test_captured_state_json_is_one_compact_line_that_reads_back(tmp_path):
+    """State JSON (the RNG lists run to thousands of numbers) goes through the C encoder:
+    one line, no indentation; the trace verifies and its state reads back."""
+    from reprobisect.trace.writer import write_json_atomic
+
+    trace, _ = _record_in_process(tmp_path)
+    rng = trace / "state" / "step-1" / "rng.json"
+    text = rng.read_text()
+    assert text.count("\n") == 1 and ": " not in text, text[:200]
+    assert json.loads(text)["state"]
+    read_trace(trace, verify=True)
+    # not strict JSON as it is (a NaN, a NumPy number): the json_safe walk, still one line
+    write_json_atomic(tmp_path / "x.json", {"a": float("nan"), "b": np.float32(1.5)}, compact=True)
+    assert (tmp_path / "x.json").read_text() == '{"a":"nan","b":1.5}\n'

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from reprobisect.render.comparison import render_comparison
-from reprobisect.render.repro import probe_result_json
+from reprobisect.render.repro import escalation_json, escalation_lines, probe_result_json
 
 __all__ = ["envs_json", "format_changes", "render_envs"]
 
@@ -37,6 +37,7 @@ def render_envs(r: Any) -> str:
         env = format_changes(r.env_changes)
         lines.append(env if env else "environments: no recorded difference")
     lines.append(text)
+    lines += escalation_lines(getattr(r, "escalation", None))
     return "\n".join(lines)
 
 
@@ -50,4 +51,5 @@ def envs_json(r: Any) -> dict[str, Any]:
         "environment": [e.to_json() for e in r.env_changes],
         "comparison": c.to_json() if hasattr(c, "to_json") else str(c),
         "runs": [probe_result_json(x) for x in r.runs],
+        **escalation_json(getattr(r, "escalation", None)),
     }

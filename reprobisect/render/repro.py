@@ -12,7 +12,8 @@ from typing import Any
 
 from reprobisect.render.comparison import render_comparison
 
-__all__ = ["probe_report_json", "probe_result_json", "render_probe_report", "render_repro", "repro_json"]
+__all__ = ["escalation_json", "escalation_lines", "probe_report_json", "probe_result_json", "render_probe_report",
+           "render_repro", "repro_json"]
 
 
 def probe_result_json(r: Any) -> dict[str, Any]:
@@ -39,12 +40,14 @@ def render_probe_report(report: Any) -> str:
     lines = [f"{report.verdict.verdict}{where}: {report.verdict.reason}"]
     if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
         lines.append(render_comparison(report.verdict.comparison))
+        lines += escalation_lines(getattr(report, "escalation", None))
     return "\n".join(lines)
 
 
 def probe_report_json(report: Any) -> dict[str, Any]:
     """What ``bisect probe --json`` prints: the verdict, the probe and the reference."""
-    return {"verdict": report.verdict.to_json(), "probe": probe_result_json(report.result), "reference": report.reference}
+    return {"verdict": report.verdict.to_json(), "probe": probe_result_json(report.result), "reference": report.reference,
+            **escalation_json(getattr(report, "escalation", None))}
 
 
 # --------------------------------------------------------------------------- repro
@@ -62,7 +65,7 @@ def render_repro(result: Any) -> str:
         i, comp = first
         lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result.tolerance)})")
         lines.append(render_comparison(comp))
-        lines += _escalation_lines(getattr(result, "escalation", None))
+        lines += escalation_lines(getattr(result, "escalation", None))
         if result.flakiness:
             lines.append(f"note: {result.flakiness}")
         # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
@@ -71,8 +74,10 @@ def render_repro(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _escalation_lines(esc: Any) -> list[str]:
-    """The full-detail answer behind a sentinel divergence, or why there is none."""
+def escalation_lines(esc: Any) -> list[str]:
+    """The full-detail answer behind a sentinel divergence (``workflows.escalate.Escalation``):
+    where it came from (replays, from which step) and the full chain's first broken link, or
+    why there is none ("... is inconclusive: ..."); [] without one."""
     if esc is None:
         return []
     if esc.comparison is None:
@@ -80,6 +85,12 @@ def _escalation_lines(esc: Any) -> list[str]:
     if bool(esc.comparison):
         return [f"{esc.reason}: the replays agree (the sentinel difference did not reproduce with full detail)"]
     return [f"{esc.reason}:", render_comparison(esc.comparison)]
+
+
+def escalation_json(esc: Any) -> dict[str, Any]:
+    """``{"escalation": ...}`` for a result's ``--json`` when it has one (else nothing: full
+    detail prints as before)."""
+    return {"escalation": esc.to_json()} if esc is not None else {}
 
 
 def _environment_lines(result: Any) -> list[str]:
@@ -123,5 +134,5 @@ def repro_json(result: Any) -> dict[str, Any]:
         "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in result.comparisons],
         "places": list(result.places),
         "flakiness": result.flakiness or None,
-        **({"escalation": result.escalation.to_json()} if getattr(result, "escalation", None) is not None else {}),
+        **escalation_json(getattr(result, "escalation", None)),
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reprobisect.render.repro import probe_result_json
+from reprobisect.render.repro import escalation_json, escalation_lines, probe_result_json
 
 __all__ = ["render_seed_map", "seed_map_json"]
 
@@ -21,7 +21,9 @@ def render_seed_map(m: Any) -> str:
     fd = m.first_divergence
     if fd is not None and getattr(fd, "first", None) is not None:
         d = fd.first
-        lines.append(f"first difference between seeds {m.seeds[0]} and {m.seeds[1]}: step {d.step}, {d.kind} '{d.name}'")
+        seen = f" (sentinel: {d.sentinel})" if getattr(d, "sentinel", None) else ""
+        lines.append(f"first difference between seeds {m.seeds[0]} and {m.seeds[1]}: step {d.step}, {d.kind} '{d.name}'{seen}")
+        lines += escalation_lines(getattr(m, "escalation", None))
     if m.flags:
         lines.append("flags:")
         lines += [f"  ! {f}" for f in m.flags]
@@ -47,4 +49,5 @@ def seed_map_json(m: Any) -> dict[str, Any]:
         "noise_floor": [s.to_json() for s in m.noise_floor] if m.noise_floor is not None else None,
         "first_divergence": fd.to_json() if hasattr(fd, "to_json") else None,
         "runs": [probe_result_json(r) for r in m.runs],
+        **escalation_json(getattr(m, "escalation", None)),
     }

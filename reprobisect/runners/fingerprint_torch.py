@@ -399,11 +399,14 @@ def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, sourc
             d = d.float()  # float8: no isnan/isinf kernels
         nan = int(torch.isnan(d).sum()) if d.is_floating_point() or d.is_complex() else 0
         inf = int(torch.isinf(d).sum()) if d.is_floating_point() or d.is_complex() else 0
+    mean = s / p.numel
+    if math.isfinite(norm + mn + mx + mean):  # all four finite (NaN/Inf, or an overflow: one by one)
+        return fp, {"norm": norm, "min": mn, "max": mx, "mean": mean, "nan": nan, "inf": inf}
     return fp, {
         "norm": _json_float(norm),
         "min": _json_float(mn),
         "max": _json_float(mx),
-        "mean": _json_float(s / p.numel),
+        "mean": _json_float(mean),
         "nan": nan,
         "inf": inf,
     }

@@ -1450,7 +1450,8 @@ class TorchRecorder:
         for rec in zoom_records:
             self.writer.record(rec)
         self.writer.end_step(scalars, batch_ids=self._batch_ids)
-        self._disk_used = self._trace_bytes()
+        if self.policy.max_disk is not None:  # a walk of the whole trace: only a budget needs it
+            self._disk_used = self._trace_bytes()
 
         step = self.step
         if self.policy.wants_state(step):
@@ -1610,7 +1611,8 @@ class TorchRecorder:
         except NotImplementedError:
             self.notes.append(f"state at step {step} not captured: state capture is not available in this build")
             return
-        self._disk_used = self._trace_bytes()
+        if budget is not None:
+            self._disk_used = self._trace_bytes()
         if budget is not None and self._disk_used > budget:
             msg = f"the state at step {step} took the trace to {self._disk_used} bytes, over --max-disk {budget}"
             self.notes.append(msg)

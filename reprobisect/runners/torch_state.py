@@ -138,6 +138,8 @@ def encode_state(obj: Any, tensors: dict[str, np.ndarray], path: str = "") -> An
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: encode_state(v, tensors, _join(path, k)) for k, v in obj.items()}
         return {"__dict__": [[encode_state(k, tensors, _join(path, "key")), encode_state(v, tensors, _join(path, str(k)))] for k, v in obj.items()]}
+    if isinstance(obj, (tuple, list)) and all(type(v) is int for v in obj):  # an RNG state: no call per number
+        return {"__tuple__": list(obj)} if isinstance(obj, tuple) else list(obj)
     if isinstance(obj, tuple):
         return {"__tuple__": [encode_state(v, tensors, _join(path, str(i))) for i, v in enumerate(obj)]}
     if isinstance(obj, list):

@@ -12,7 +12,9 @@ An environment SPEC is comma-separated items:
 ``run_envs`` probes both sides (in parallel when the executor has two jobs), then gives
 the environment diff (``reprobisect.core.envdiff``: numerics-relevant changes first) and the
 first divergence under the ``default`` tolerance (per dtype) unless told otherwise.
-A value containing a comma can be written with ``\\,``.
+A value containing a comma can be written with ``\\,``. With ``--detail sentinel`` the first
+difference is escalated (``reprobisect.workflows.escalate``): both sides are replayed under
+their own environments with full detail from the last state before it (``EnvsResult.escalation``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from reprobisect.core.verdict import compare_results
 from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import read_rank0
+from reprobisect.workflows.escalate import Escalation, escalate_or_why
 from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs"]
@@ -115,6 +118,10 @@ class EnvsResult:
     """One per differing key, numerics changes first."""
     comparison: Comparison
     """Side a compared with side b."""
+    escalation: Escalation | None = None
+    """With ``--detail sentinel``: the full chain where the sides first differ, from replays of
+    both under their own environments (``reprobisect.workflows.escalate``); None when they agree
+    or recorded full detail."""
 
     def __bool__(self) -> bool:
         return bool(self.comparison)
@@ -142,5 +149,7 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         ta = read_rank0(results[0].trace_dir, allow_incomplete=True)  # rank 0 of a multi-rank trace
         tb = read_rank0(results[1].trace_dir, allow_incomplete=True)
         changes = tuple(diff_environments(ta.manifest.environment, tb.manifest.environment))
-        comp = compare_results(results[0], results[1], options.tolerance_for("default"))
-    return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp)
+        tol = options.tolerance_for("default")
+        comp = compare_results(results[0], results[1], tol)
+        esc = escalate_or_why(comp, results[0], results[1], ex, tol)
+    return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp, escalation=esc)

@@ -19,13 +19,14 @@ from typing import Any
 from reprobisect.core.compare import Comparison, Tolerance
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.core.verdict import compare_results
+from reprobisect.errors import ReproError
 from reprobisect.executors import submit_all
 from reprobisect.executors.base import Executor
 from reprobisect.executors.retry import retry
 from reprobisect.trace.reader import read_trace
 from reprobisect.workflows.replay import verify_replay
 
-__all__ = ["Escalation", "escalate", "replay_spec"]
+__all__ = ["Escalation", "escalate", "escalate_or_why", "not_replayable", "replay_spec"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,26 @@ def escalate(comp: Comparison, a: ProbeResult, b: ProbeResult, executor: Executo
     full = compare_results(sides[0], sides[1], tolerance)
     return Escalation(t, start, full, f"full detail: {where} with full detail on both sides",
                       (sides[0].trace_dir, sides[1].trace_dir))
+
+
+def escalate_or_why(comp: Comparison | None, a: ProbeResult, b: ProbeResult, executor: Executor,
+                    tolerance: Tolerance | None = None) -> Escalation | None:
+    """``escalate``, with a replay that cannot even be started (a ``ReproError``: a state that
+    cannot be read, an executor that refuses) turned into an inconclusive answer saying why:
+    the probing command's own verdict stands either way."""
+    try:
+        return escalate(comp, a, b, executor, tolerance)
+    except ReproError as e:
+        return not_replayable(comp, str(e))
+
+
+def not_replayable(comp: Comparison | None, why: str) -> Escalation | None:
+    """The inconclusive escalation of a sentinel divergence whose sides cannot be replayed
+    (``why``); None when there is nothing to escalate, as ``escalate`` has it."""
+    if comp is None or bool(comp) or not comp.sentinel or comp.first is None:
+        return None
+    t = comp.first.step
+    return Escalation(t, t, None, f"full detail at step {t} is inconclusive: {why}")
 
 
 def _not_evidence(side: ProbeResult, original: ProbeResult, step: int) -> str:

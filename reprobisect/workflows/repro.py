@@ -27,7 +27,7 @@ from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
 from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.render.runs import divergence_place
-from reprobisect.workflows.escalate import Escalation, escalate
+from reprobisect.workflows.escalate import Escalation, escalate, escalate_or_why, not_replayable
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import open_ranks, read_rank0
 
@@ -76,6 +76,10 @@ class ProbeReport:
     verdict: Verdict
     result: ProbeResult
     reference: str | None = None
+    escalation: Escalation | None = None
+    """With ``--detail sentinel`` and a bad verdict: the full chain at the first difference, from
+    replays of both runs (``--check repro``), or why there is none (``--check match``: the
+    reference trace is another run's, which cannot be replayed here)."""
 
     def __bool__(self) -> bool:
         return bool(self.verdict)
@@ -105,6 +109,7 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
         open_ranks(reference)  # a bad reference is the user's mistake: say so before probing
     tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
+    esc: Escalation | None = None
     with executor_for(options) as ex:
         first = run_with_retry(ex, spec_for(argv, options, key=f"probe-{tag}", workdir=cwd))
         if check == "repro":
@@ -114,9 +119,16 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
             else:
                 second = run_with_retry(ex, spec_for(argv, options, key=f"probe-{tag}-2", workdir=cwd))
                 verdict = classify(second, "repro", reference=first, tolerance=tol)
+                esc = escalate_or_why(verdict.comparison, first, second, ex, tol)
         else:
             verdict = classify(first, check, reference=reference, tolerance=tol)
-    return ProbeReport(verdict=verdict, result=first, reference=reference)
+            esc = not_replayable(verdict.comparison, _REFERENCE_NOT_REPLAYED)
+    return ProbeReport(verdict=verdict, result=first, reference=reference, escalation=esc)
+
+
+_REFERENCE_NOT_REPLAYED = (
+    "the reference trace is another run's (maybe of another commit) and cannot be replayed from this checkout; "
+    "let bisect runs replay both commits, or capture the reference and probe with --detail full")
 
 
 # --------------------------------------------------------------------------- repro

@@ -29,6 +29,10 @@ loss that changes while nothing recorded upstream changed depends on the seed th
 something unrecorded; the flag says so. ``--noise-floor`` (3 seeds or more) gives the
 per-step spread of loss and gradient norm across seeds, the yardstick for judging a
 divergence elsewhere against ordinary seed-to-seed noise.
+
+With ``--detail sentinel`` the first two seeds' first difference is escalated
+(``reprobisect.workflows.escalate``): both are replayed with full detail from the last
+state before it, and ``SeedMap.escalation`` names the full chain's first broken link there.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from reprobisect.support.progress import progress
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.ranks import read_rank0
 from reprobisect.trace.reader import Trace
+from reprobisect.workflows.escalate import Escalation, escalate_or_why
 from reprobisect.workflows.repro import _failed, spec_for
 
 __all__ = [
@@ -156,6 +161,9 @@ class SeedMap:
     noise_floor: tuple[NoiseFloorStep, ...] | None = None
     first_divergence: Comparison | None = None
     """The comparison of the first two seeds' traces (where they first stop agreeing)."""
+    escalation: Escalation | None = None
+    """With ``--detail sentinel``: the full chain where the first two seeds first differ, from
+    replays of both (``reprobisect.workflows.escalate``); None when they agree or recorded full detail."""
 
     def __bool__(self) -> bool:
         return not self.flags
@@ -549,4 +557,6 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         comps = seed_map(traces, seeds)
         nf = noise_floor(traces) if noise else None
         first = compare_results(results[0], results[1], "bitwise")
-    return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first)
+        esc = escalate_or_why(first, results[0], results[1], ex, "bitwise")
+    return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first,
+                   escalation=esc)

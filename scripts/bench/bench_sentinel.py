@@ -1,9 +1,11 @@
 """What ``--detail sentinel`` costs per step, against plain training and ``--detail full``.
 
-    python scripts/bench/bench_sentinel.py [--steps 1000] [--chunk 50] [--modes plain,sentinel,full] [--json]
+    python scripts/bench/bench_sentinel.py [--model mlp|transformer] [--steps 1000] [--chunk 50]
+                                           [--modes plain,sentinel,full] [--json]
 
 On the recorder benchmark's MLP (``examples/mlp.py``: 4 x 1024, batch 256; ``--hidden``
-makes it smaller), in one process: the run is cut into chunks of ``--chunk`` steps; each
+makes it smaller) or transformer (``--model transformer``, ``examples/transformer.py``: 4
+layers, d 256, seq 128, batch 16, its LR schedule stepped), in one process: the run is cut into chunks of ``--chunk`` steps; each
 chunk is run once per mode, the modes interleaved in a rotating order, every mode from the
 same saved model/optimizer/RNG state on the same batches (so that machine noise and the
 MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a fresh
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import mlp as mlp_example  # noqa: E402
+import transformer as tf_example  # noqa: E402
 
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
 from reprobisect.trace.writer import TraceWriter  # noqa: E402
@@ -44,18 +47,37 @@ POLICIES = {
 }
 
 
-def build(hidden: int, batches: int):
+def build(hidden: int, batches: int, model: str = "mlp"):
+    """(step, ``batches`` batches, the stateful objects) of the benchmark's ``model``."""
+    if model == "transformer":
+        return _build_transformer(batches)
     a = mlp_example.parse(["--features", "1024", "--hidden", str(hidden), "--layers", "4", "--batch-size", "256",
                            "--samples", str(256 * batches), "--dropout", "0.1"])
-    model, opt, loader, loss_fn = mlp_example.build(a)
+    net, opt, loader, loss_fn = mlp_example.build(a)
 
     def step(x, y):
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        loss_fn(net(x), y).backward()
         opt.step()
 
     data = [b for b in loader][:batches]
-    return step, data, [model, opt]
+    return step, data, [net, opt]
+
+
+def _build_transformer(batches: int):
+    a = tf_example.parse(["--layers", "4", "--d-model", "256", "--seq", "128", "--batch-size", "16",
+                          "--vocab", "256", "--samples", str(16 * batches)])
+    model, opt, sched, loader = tf_example.build(a)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss_fn(model(x).reshape(-1, a.vocab), y.reshape(-1)).backward()
+        opt.step()
+        sched.step()
+
+    data = [b for b in loader][:batches]
+    return step, data, [model, opt, sched]
 
 
 def run(step, batches, cpu: list[float] | None = None) -> float:
@@ -67,8 +89,8 @@ def run(step, batches, cpu: list[float] | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> dict:
-    step, data, stateful = build(hidden, chunk + 1)
+def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, model: str = "mlp") -> dict:
+    step, data, stateful = build(hidden, chunk + 1, model)
     run(step, data[:3])  # warm-up
     saved = [copy.deepcopy(o.state_dict()) for o in stateful]
     rng = torch.get_rng_state()
@@ -102,7 +124,7 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path) -> d
     ctotal = {m: sum(v) for m, v in cpu.items()}
     n = rounds * chunk
     return {
-        "steps_per_mode": n, "chunk": chunk, "hidden": hidden, "threads": torch.get_num_threads(),
+        "model": model, "steps_per_mode": n, "chunk": chunk, "hidden": hidden, "threads": torch.get_num_threads(),
         "total_s": {m: round(v, 3) for m, v in total.items()},
         "ratio": {m: round(v / total["plain"], 4) for m, v in total.items()},
         "cpu_ratio": {m: round(v / ctotal["plain"], 4) for m, v in ctotal.items()},
@@ -144,18 +166,20 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1000, help="steps per mode in all (default 1000)")
     p.add_argument("--chunk", type=int, default=50, help="steps per mode per round (default 50)")
     p.add_argument("--modes", default="plain,sentinel,full")
-    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=1024, help="the MLP's width")
+    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     if "plain" not in modes:
         modes.insert(0, "plain")
     with tempfile.TemporaryDirectory() as tmp:
-        res = bench(args.steps, args.chunk, modes, args.hidden, Path(tmp))
+        res = bench(args.steps, args.chunk, modes, args.hidden, Path(tmp), args.model)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
-    print(f"torch {torch.__version__}, {res['threads']} threads; MLP hidden {res['hidden']}, {res['steps_per_mode']} "
+    what = f"MLP hidden {res['hidden']}" if res["model"] == "mlp" else "transformer"
+    print(f"torch {torch.__version__}, {res['threads']} threads; {what}, {res['steps_per_mode']} "
           f"steps per mode in chunks of {res['chunk']}; plain step {res['plain_step_ms']} ms")
     for m in modes:
         extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x"
