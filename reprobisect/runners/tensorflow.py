@@ -262,6 +262,7 @@ class TFRecorder:
         self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
         self._none_seen: set[str] = set()
         self._modes: set[str] = set()
+        self.record_from = 0  # a replay (runners.replay_tf): steps before it run quiet, unwritten
         self._reset_step()
 
     # -- buffer ------------------------------------------------------------------------------
@@ -296,7 +297,7 @@ class TFRecorder:
     def _add_now(self, kind: str, name: str, t: Any, *, seq: int | None = None, module: str | None = None,
                  inputs: tuple[str, ...] | None = None) -> str:
         """Fingerprint the eager tensor ``t`` now and buffer its record; returns the fingerprint."""
-        if self.policy.sentinel and kind not in SENTINEL_KINDS:
+        if (self.policy.sentinel and kind not in SENTINEL_KINDS) or self.step < self.record_from:
             return ""
         if kind in ("input", "activation", "output"):
             self._forward += 1
@@ -626,12 +627,16 @@ class TFRecorder:
         if pre.opt is not None:
             self._applied += 1
         self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names), gnorm=gnorm)
-        if self.policy.wants_state(self.step - 1):
+        if self.policy.wants_state(self.step - 1) and self.step > self.record_from:
             self._capture_state(self.step - 1, pre.opt, pre.variables)
         self._check_stop()
 
     def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0, gnorm: Any = None) -> None:
         """Write the buffered records as step ``self.step`` (chain order) and start the next."""
+        if self.step < self.record_from:  # a replay's quiet step: counted, not written
+            self.step += 1
+            self._reset_step()
+            return
         items = sorted(self._items, key=lambda it: (_KIND_RANK[it.rec.kind], it.seq))
         scalars = self._step_scalars(items, lr, none_names, n_vars)
         if gnorm is not None and "grad_norm" not in scalars:
@@ -850,6 +855,7 @@ class TFRecorder:
     # -- the launcher's interface -------------------------------------------------------------------
 
     seed_source = "tf.random.set_seed"
+    stop_class = StopRun
 
     @property
     def seed(self) -> Any:
