@@ -491,3 +491,63 @@ def test_explicit_api_records_manual_updates_and_optimizer_steps(tmp_path):
     assert opt.manifest.steps == 2
     kinds = [r.kind for r in opt.steps[1].records]
     assert kinds.count("loss") == 1 and "output" in kinds and "optim_state" in kinds
+
+
+# --------------------------------------------------------------------------- --detail sentinel: escalation
+
+# a data-dependent branch: the batch holding sample 22 (step 5 of 8) gets unseeded noise on the loss
+_LATE_NOISE = textwrap.dedent("""
+    import os
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    keras.utils.set_random_seed(0)
+    xs = np.random.default_rng(1).normal(size=(64, 8)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(64), xs)).batch(4)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh", name="fc1"),
+                              keras.layers.Dense(1, name="fc2")])
+    opt = keras.optimizers.Adam(1e-2)
+    for ids, x in ds:
+        with tf.GradientTape() as tape:
+            h = model(x)
+            if bool((ids.numpy() == 22).any()):
+                g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+                h = h + g.random(h.shape).astype("float32") * 1e-3
+            loss = tf.reduce_mean(h ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+""")
+
+
+@pytest.mark.slow
+def test_sentinel_repro_of_a_tape_loop_escalates_to_the_first_broken_link(tmp_path):
+    """A late divergence in a TF loop under --detail sentinel: the escalation replays (re-runs,
+    quiet before step 4, runners.replay_tf) and names step 5's loss, the first broken link a
+    full recording names, from replays faithful to their runs. Before replay_tf the launcher
+    recorded steps 0..1 as the 'replay' and the answer was 'the replays agree'."""
+    (tmp_path / "train.py").write_text(_LATE_NOISE)
+    p = _bisect("repro", "--runs", "2", "-j", "2", "--steps", "8", "--detail", "sentinel", "--state-every", "2",
+                "-q", "--json", "--keep", "--", "python", "train.py", cwd=tmp_path)
+    assert p.returncode in (0, 1), p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["deterministic"] is False
+    esc = out["escalation"]
+    assert esc["conclusive"] is True, esc["reason"]
+    assert (esc["step"], esc["from_step"]) == (5, 4) and "re-running" in esc["reason"]
+    first = esc["comparison"]["first"]
+    assert (first["step"], first["kind"], first["name"]) == (5, "loss", "loss")
+    replayed = read_trace(esc["traces"][0])
+    assert [s.step for s in replayed.steps] == [4, 5]
+    assert replayed.manifest.extra["replay"]["mode"] == "rerun"
+    assert any(r.kind == "activation" for r in replayed.steps[0].records)  # full detail
+    # a replay asked of a trace with no state there is refused in one line, never recorded from step 0
+    q = _launch(tmp_path / "refused", "train.py", steps=1, cwd=tmp_path)
+    _ok(q)
+    r = subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(tmp_path / "r2"), "--steps", "1",
+                        "--replay-from", str(tmp_path / "refused"), "--replay-step", "3", "--", "train.py"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env())
+    assert "Traceback" not in r.stderr
+    t = read_trace(tmp_path / "r2", allow_incomplete=True)
+    assert t.manifest.outcome["status"] == "skip" and "no complete state after step 2" in t.manifest.outcome["detail"]
+    assert t.manifest.steps == 0
