@@ -551,3 +551,91 @@ def test_sentinel_repro_of_a_tape_loop_escalates_to_the_first_broken_link(tmp_pa
     t = read_trace(tmp_path / "r2", allow_incomplete=True)
     assert t.manifest.outcome["status"] == "skip" and "no complete state after step 2" in t.manifest.outcome["detail"]
     assert t.manifest.steps == 0
+
+
+# --------------------------------------------------------------------------- evaluation (validation, evaluate, predict)
+
+# fit on fixed training rows, with or without validation data, then (with it) evaluate and predict
+_EVAL_FIT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import keras
+
+    val, eager = sys.argv[1], sys.argv[2] == "1"
+    keras.utils.set_random_seed(0)
+    data = np.random.default_rng(7)
+    x = data.normal(size=(32, 6)).astype("float32")
+    y = x.sum(axis=1, keepdims=True).astype("float32")
+    xv = data.normal(size=(16, 6)).astype("float32")
+    yv = xv.sum(axis=1, keepdims=True).astype("float32")
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                              keras.layers.Dropout(0.25, seed=3, name="dropout"), keras.layers.Dense(1, name="head")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", run_eagerly=eager)
+    kw = {"validation_data": (xv, yv)} if val == "data" else {}
+    hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0, **kw)
+    print("loss", hist.history["loss"])
+    if val == "data":
+        print("val_loss", hist.history["val_loss"])
+        print("evaluate", model.evaluate(xv, yv, batch_size=8, verbose=0))
+        print("predict", model.predict(xv, batch_size=8, verbose=0).tobytes().hex())
+""")
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory):
+    d = tmp_path_factory.mktemp("evaluation")
+    (d / "fit_val.py").write_text(_EVAL_FIT)
+    runs = {"none": ("none", "0"), "val": ("data", "0"), "val_eager": ("data", "1")}
+    out = {k: (d / k, _launch(d / k, d / "fit_val.py", *a, steps=20, cwd=d)) for k, a in runs.items()}
+    plain = subprocess.run([PYTHON, str(d / "fit_val.py"), "data", "0"], capture_output=True, text=True,
+                           timeout=TIMEOUT, cwd=d, env=_env())
+    return d, out, plain
+
+
+@pytest.mark.slow
+def test_validation_never_changes_the_training_records(evaluation):
+    """Two captures differing only in validation agree bitwise: evaluation forwards are never records."""
+    d, out, _ = evaluation
+    for k in ("none", "val"):
+        _ok(out[k][1])
+    a, b = read_trace(out["none"][0]), read_trace(out["val"][0])
+    assert a.manifest.steps == b.manifest.steps == 8
+    assert [[r.key for r in s.records] for s in a.steps] == [[r.key for r in s.records] for s in b.steps]
+    p = _bisect("compare", str(out["none"][0]), str(out["val"][0]), "--json", cwd=d)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert json.loads(p.stdout)["first"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["val", "val_eager"])
+def test_validation_evaluate_and_predict_are_summarised_as_evaluation(evaluation, run):
+    """Validation after epoch 1 is in step 4's scalars['eval']; the last epoch's validation,
+    evaluate and predict after fit are in the manifest's eval_after_last_step (as the torch
+    recorder: phase, after_step, forwards, batches, samples, ids and outputs fingerprints)."""
+    _, out, _ = evaluation
+    trace, p = out[run]
+    _ok(p)
+    t = read_trace(trace)
+    assert [s.step for s in t.steps if s.scalars.get("eval")] == [4]
+    (v1,) = t.steps[4].scalars["eval"]
+    assert {k: v1[k] for k in ("phase", "after_step", "forwards", "batches", "samples", "outputs_fingerprinted")} == \
+        {"phase": "validation", "after_step": 3, "forwards": 2, "batches": 2, "samples": 16, "outputs_fingerprinted": 2}
+    tail = t.manifest.extra["eval_after_last_step"]
+    assert [(e["phase"], e["after_step"], e["batches"], e["samples"]) for e in tail] == \
+        [("validation", 7, 2, 16), ("evaluate", 7, 2, 16), ("predict", 7, 2, 16)]
+    ids = {e["ids_fingerprint"] for e in [v1, *tail]}
+    assert len(ids) == 1 and None not in ids  # the same 16 rows, in order, every time
+    # validation after epoch 2 and evaluate after fit see the same parameters: the same outputs
+    assert tail[0]["outputs_fingerprint"] == tail[1]["outputs_fingerprint"] == tail[2]["outputs_fingerprint"]
+    assert v1["outputs_fingerprint"] != tail[0]["outputs_fingerprint"]
+
+
+@pytest.mark.slow
+def test_summarising_evaluation_changes_no_numerics(evaluation):
+    """Observers observe: val_loss, evaluate and predict of the recorded graph-mode run equal the plain run's."""
+    _, out, plain = evaluation
+    _ok(plain)
+    _ok(out["val"][1])
+    want = [line for line in plain.stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
+    got = [line for line in out["val"][1].stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
+    assert len(want) == 4 and got == want
