@@ -29,6 +29,15 @@ variables after it. What is observed, and how (class-level wraps, undone by ``re
   ``#k`` for the k-th repeat call in the step and ``[i]`` for the i-th tensor of a
   structured result, ``module`` = the layer's class, ``inputs`` = its inputs' fingerprints.
   Calls with no tape recording (validation, ``predict``, building) are not records.
+- Evaluation, summarised where compare does not look for its verdict (as the torch
+  recorder): ``fit``'s validation, ``evaluate``, ``predict`` (their ``Trainer`` methods are
+  wrapped, and the model's ``test_step``/``predict_step`` on the instance for the batches)
+  and any root layer call with no tape recording go into ``scalars["eval"]`` of the step
+  they ran before: one entry per run of one ``phase`` (``validation``, ``evaluate``,
+  ``predict``, ``no_tape``) with ``after_step``, ``forwards``, ``batches``, ``samples`` and
+  ``ids_fingerprint`` (rows of the ``x`` evaluated, when unique), ``outputs_fingerprint``
+  (of the first 16 root outputs). In graph mode a tap on the root output counts them at run
+  time; under XLA nothing is summarised. After the last step: ``extra.eval_after_last_step``.
 - ``loss``: ``tf.GradientTape.gradient`` is wrapped: its ``target`` is the loss (in ``fit``
   the loss as scaled by a ``LossScaleOptimizer``), one record per ``gradient`` call.
 - ``init`` (step 0), ``grad``, ``param``, ``optim_state``: the optimizer's ``apply``: the
@@ -61,6 +70,9 @@ Detail: ``full`` records all of the above; ``sentinel`` only ``init``, ``batch``
 computed beside them). At most ``policy.max_records_per_step`` input/activation/output
 records a step; the rest are counted (``scalars.records_dropped``). Complete state after
 the policy's state steps: ``reprobisect.runners.tf_state.capture_state``.
+
+Replay (``--replay-from``, ``runners.replay_tf``): steps before ``record_from`` run quiet
+(nothing fingerprinted or written); recording starts at it, numbered as in the original.
 
 Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
 eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
@@ -1147,21 +1159,23 @@ def install_keras(rec: TFRecorder) -> None:
     rec._patch(Layer, "__call__", layer_call)
     rec._patch(BaseOptimizer, "apply", apply)
     rec._patch(LossScaleOptimizer, "apply", apply)
-    def evaluation(phase: str) -> Callable[[Callable], Callable]:
-        def make(orig: Callable) -> Callable:
-            def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
-                prev = rec._phase
-                now = "validation" if phase == "evaluate" and rec._in_fit else phase
-                if rec.active:
-                    rec.guarded("eval", rec.before_eval, model, now, args[0] if args else kwargs.get("x"))
-                rec._phase = now
-                try:
-                    return orig(model, *args, **kwargs)
-                finally:
-                    rec._phase = prev
-            return wrapped
-        return make
-
     rec._patch(TensorFlowTrainer, "fit", fit)
-    rec._patch(TensorFlowTrainer, "evaluate", evaluation("evaluate"))
-    rec._patch(TensorFlowTrainer, "predict", evaluation("predict"))
+    rec._patch(TensorFlowTrainer, "evaluate", _evaluation(rec, "evaluate"))
+    rec._patch(TensorFlowTrainer, "predict", _evaluation(rec, "predict"))
+
+
+def _evaluation(rec: TFRecorder, phase: str) -> Callable[[Callable], Callable]:
+    """The wrap of Keras ``evaluate`` (``validation`` when ``fit`` calls it) or ``predict``."""
+    def make(orig: Callable) -> Callable:
+        def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
+            prev = rec._phase
+            now = "validation" if phase == "evaluate" and rec._in_fit else phase
+            if rec.active:
+                rec.guarded("eval", rec.before_eval, model, now, args[0] if args else kwargs.get("x"))
+            rec._phase = now
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                rec._phase = prev
+        return wrapped
+    return make
