@@ -639,3 +639,25 @@ def test_summarising_evaluation_changes_no_numerics(evaluation):
     want = [line for line in plain.stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
     got = [line for line in out["val"][1].stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
     assert len(want) == 4 and got == want
+
+
+@pytest.mark.slow
+def test_a_fit_replay_re_runs_quiet_and_is_faithful_across_an_epoch_and_its_validation(tmp_path):
+    """--replay-from on a graph-mode fit (runners.replay_tf): steps 4-5 (after epoch 1 and its
+    validation) recorded with full detail, numbered as the original, agreeing with its sentinels."""
+    from reprobisect.workflows.replay import verify_replay
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _ok(subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(a), "--steps", "7", "--detail",
+                        "sentinel", "--state-every", "2", "--", str(CORPUS / "keras_fit.py"), "--steps", "4"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env()))
+    _ok(subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(b), "--steps", "2", "--replay-from",
+                        str(a), "--replay-step", "4", "--", str(CORPUS / "keras_fit.py"), "--steps", "4"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env()))
+    orig, rep = read_trace(a), read_trace(b)
+    assert [s.step for s in rep.steps] == [4, 5]
+    assert rep.manifest.outcome["status"] == "ok" and "re-running" in rep.manifest.outcome["detail"]
+    assert {r.kind for r in rep.steps[0].records} >= {"batch", "input", "output", "loss", "grad", "param", "optim_state"}
+    assert verify_replay(rep, orig) == (None, 2)
+    assert rep.steps[0].batch_ids == orig.steps[4].batch_ids
+    assert rep.steps[0].scalars["eval"] == orig.steps[4].scalars["eval"]  # epoch 1's validation, as in the run
