@@ -491,3 +491,173 @@ def test_explicit_api_records_manual_updates_and_optimizer_steps(tmp_path):
     assert opt.manifest.steps == 2
     kinds = [r.kind for r in opt.steps[1].records]
     assert kinds.count("loss") == 1 and "output" in kinds and "optim_state" in kinds
+
+
+# --------------------------------------------------------------------------- --detail sentinel: escalation
+
+# a data-dependent branch: the batch holding sample 22 (step 5 of 8) gets unseeded noise on the loss
+_LATE_NOISE = textwrap.dedent("""
+    import os
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    keras.utils.set_random_seed(0)
+    xs = np.random.default_rng(1).normal(size=(64, 8)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(64), xs)).batch(4)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh", name="fc1"),
+                              keras.layers.Dense(1, name="fc2")])
+    opt = keras.optimizers.Adam(1e-2)
+    for ids, x in ds:
+        with tf.GradientTape() as tape:
+            h = model(x)
+            if bool((ids.numpy() == 22).any()):
+                g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+                h = h + g.random(h.shape).astype("float32") * 1e-3
+            loss = tf.reduce_mean(h ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+""")
+
+
+@pytest.mark.slow
+def test_sentinel_repro_of_a_tape_loop_escalates_to_the_first_broken_link(tmp_path):
+    """A late divergence in a TF loop under --detail sentinel: the escalation replays (re-runs,
+    quiet before step 4, runners.replay_tf) and names step 5's loss, the first broken link a
+    full recording names, from replays faithful to their runs. Before replay_tf the launcher
+    recorded steps 0..1 as the 'replay' and the answer was 'the replays agree'."""
+    (tmp_path / "train.py").write_text(_LATE_NOISE)
+    p = _bisect("repro", "--runs", "2", "-j", "2", "--steps", "8", "--detail", "sentinel", "--state-every", "2",
+                "-q", "--json", "--keep", "--", "python", "train.py", cwd=tmp_path)
+    assert p.returncode in (0, 1), p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["deterministic"] is False
+    esc = out["escalation"]
+    assert esc["conclusive"] is True, esc["reason"]
+    assert (esc["step"], esc["from_step"]) == (5, 4) and "re-running" in esc["reason"]
+    first = esc["comparison"]["first"]
+    assert (first["step"], first["kind"], first["name"]) == (5, "loss", "loss")
+    replayed = read_trace(esc["traces"][0])
+    assert [s.step for s in replayed.steps] == [4, 5]
+    assert replayed.manifest.extra["replay"]["mode"] == "rerun"
+    assert any(r.kind == "activation" for r in replayed.steps[0].records)  # full detail
+    # a replay asked of a trace with no state there is refused in one line, never recorded from step 0
+    q = _launch(tmp_path / "refused", "train.py", steps=1, cwd=tmp_path)
+    _ok(q)
+    r = subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(tmp_path / "r2"), "--steps", "1",
+                        "--replay-from", str(tmp_path / "refused"), "--replay-step", "3", "--", "train.py"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env())
+    assert "Traceback" not in r.stderr
+    t = read_trace(tmp_path / "r2", allow_incomplete=True)
+    assert t.manifest.outcome["status"] == "skip" and "no complete state after step 2" in t.manifest.outcome["detail"]
+    assert t.manifest.steps == 0
+
+
+# --------------------------------------------------------------------------- evaluation (validation, evaluate, predict)
+
+# fit on fixed training rows, with or without validation data, then (with it) evaluate and predict
+_EVAL_FIT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import keras
+
+    val, eager = sys.argv[1], sys.argv[2] == "1"
+    keras.utils.set_random_seed(0)
+    data = np.random.default_rng(7)
+    x = data.normal(size=(32, 6)).astype("float32")
+    y = x.sum(axis=1, keepdims=True).astype("float32")
+    xv = data.normal(size=(16, 6)).astype("float32")
+    yv = xv.sum(axis=1, keepdims=True).astype("float32")
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                              keras.layers.Dropout(0.25, seed=3, name="dropout"), keras.layers.Dense(1, name="head")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", run_eagerly=eager)
+    kw = {"validation_data": (xv, yv)} if val == "data" else {}
+    hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0, **kw)
+    print("loss", hist.history["loss"])
+    if val == "data":
+        print("val_loss", hist.history["val_loss"])
+        print("evaluate", model.evaluate(xv, yv, batch_size=8, verbose=0))
+        print("predict", model.predict(xv, batch_size=8, verbose=0).tobytes().hex())
+""")
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory):
+    d = tmp_path_factory.mktemp("evaluation")
+    (d / "fit_val.py").write_text(_EVAL_FIT)
+    runs = {"none": ("none", "0"), "val": ("data", "0"), "val_eager": ("data", "1")}
+    out = {k: (d / k, _launch(d / k, d / "fit_val.py", *a, steps=20, cwd=d)) for k, a in runs.items()}
+    plain = subprocess.run([PYTHON, str(d / "fit_val.py"), "data", "0"], capture_output=True, text=True,
+                           timeout=TIMEOUT, cwd=d, env=_env())
+    return d, out, plain
+
+
+@pytest.mark.slow
+def test_validation_never_changes_the_training_records(evaluation):
+    """Two captures differing only in validation agree bitwise: evaluation forwards are never records."""
+    d, out, _ = evaluation
+    for k in ("none", "val"):
+        _ok(out[k][1])
+    a, b = read_trace(out["none"][0]), read_trace(out["val"][0])
+    assert a.manifest.steps == b.manifest.steps == 8
+    assert [[r.key for r in s.records] for s in a.steps] == [[r.key for r in s.records] for s in b.steps]
+    p = _bisect("compare", str(out["none"][0]), str(out["val"][0]), "--json", cwd=d)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert json.loads(p.stdout)["first"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["val", "val_eager"])
+def test_validation_evaluate_and_predict_are_summarised_as_evaluation(evaluation, run):
+    """Validation after epoch 1 is in step 4's scalars['eval']; the last epoch's validation,
+    evaluate and predict after fit are in the manifest's eval_after_last_step (as the torch
+    recorder: phase, after_step, forwards, batches, samples, ids and outputs fingerprints)."""
+    _, out, _ = evaluation
+    trace, p = out[run]
+    _ok(p)
+    t = read_trace(trace)
+    assert [s.step for s in t.steps if s.scalars.get("eval")] == [4]
+    (v1,) = t.steps[4].scalars["eval"]
+    assert {k: v1[k] for k in ("phase", "after_step", "forwards", "batches", "samples", "outputs_fingerprinted")} == \
+        {"phase": "validation", "after_step": 3, "forwards": 2, "batches": 2, "samples": 16, "outputs_fingerprinted": 2}
+    tail = t.manifest.extra["eval_after_last_step"]
+    assert [(e["phase"], e["after_step"], e["batches"], e["samples"]) for e in tail] == \
+        [("validation", 7, 2, 16), ("evaluate", 7, 2, 16), ("predict", 7, 2, 16)]
+    ids = {e["ids_fingerprint"] for e in [v1, *tail]}
+    assert len(ids) == 1 and None not in ids  # the same 16 rows, in order, every time
+    # validation after epoch 2 and evaluate after fit see the same parameters: the same outputs
+    assert tail[0]["outputs_fingerprint"] == tail[1]["outputs_fingerprint"] == tail[2]["outputs_fingerprint"]
+    assert v1["outputs_fingerprint"] != tail[0]["outputs_fingerprint"]
+
+
+@pytest.mark.slow
+def test_summarising_evaluation_changes_no_numerics(evaluation):
+    """Observers observe: val_loss, evaluate and predict of the recorded graph-mode run equal the plain run's."""
+    _, out, plain = evaluation
+    _ok(plain)
+    _ok(out["val"][1])
+    want = [line for line in plain.stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
+    got = [line for line in out["val"][1].stdout.splitlines() if line.split(" ")[0] in ("loss", "val_loss", "evaluate", "predict")]
+    assert len(want) == 4 and got == want
+
+
+@pytest.mark.slow
+def test_a_fit_replay_re_runs_quiet_and_is_faithful_across_an_epoch_and_its_validation(tmp_path):
+    """--replay-from on a graph-mode fit (runners.replay_tf): steps 4-5 (after epoch 1 and its
+    validation) recorded with full detail, numbered as the original, agreeing with its sentinels."""
+    from reprobisect.workflows.replay import verify_replay
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _ok(subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(a), "--steps", "7", "--detail",
+                        "sentinel", "--state-every", "2", "--", str(CORPUS / "keras_fit.py"), "--steps", "4"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env()))
+    _ok(subprocess.run([PYTHON, "-m", "reprobisect.runners.launch", "--trace", str(b), "--steps", "2", "--replay-from",
+                        str(a), "--replay-step", "4", "--", str(CORPUS / "keras_fit.py"), "--steps", "4"],
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=_env()))
+    orig, rep = read_trace(a), read_trace(b)
+    assert [s.step for s in rep.steps] == [4, 5]
+    assert rep.manifest.outcome["status"] == "ok" and "re-running" in rep.manifest.outcome["detail"]
+    assert {r.kind for r in rep.steps[0].records} >= {"batch", "input", "output", "loss", "grad", "param", "optim_state"}
+    assert verify_replay(rep, orig) == (None, 2)
+    assert rep.steps[0].batch_ids == orig.steps[4].batch_ids
+    assert rep.steps[0].scalars["eval"] == orig.steps[4].scalars["eval"]  # epoch 1's validation, as in the run

@@ -214,6 +214,10 @@ class _Run:
 
                 self.replayer = Replayer(recorder, self.ns.replay_from, self.ns.replay_step, self.ns.steps)
                 self.replayer.install()
+            elif self.ns.replay_from is not None and entry.name == "tensorflow":  # re-runs, quiet before S
+                from reprobisect.runners.replay_tf import Replayer as TFReplayer
+
+                self.replayer = TFReplayer(recorder, self.ns.replay_from, self.ns.replay_step, self.ns.steps).install()
 
     def watch_imports(self) -> None:
         """Activate each registered recorder whose trigger is imported already; watch the others' triggers."""
@@ -263,6 +267,8 @@ class _Run:
         return self._ended()
 
     def _ended(self, how: str = "ended") -> Outcome:
+        if getattr(self.replayer, "refused", None):
+            return Outcome(Status.SKIP, detail=self.replayer.refused)
         if self.ns.replay_from is not None and (self.replayer is None or not self.replayer.restored):
             return Outcome(Status.SKIP, detail=f"cannot replay: the command {how} before it reached the point where "
                                                f"step {self.ns.replay_step} began (nothing was restored)")
@@ -294,13 +300,17 @@ class _Run:
     def _classify(self, e: BaseException) -> Outcome:
         if type(e).__name__ == "ReplayRefused" and type(e).__module__ == "reprobisect.runners.replay_torch":
             return Outcome(Status.SKIP, detail=str(e))
+        if getattr(self.replayer, "refused", None):
+            return Outcome(Status.SKIP, detail=self.replayer.refused)
         from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
         if not from_stop and self.recorder is not None and self.recorder.stop is not None:
             e = self.recorder.stop  # the recorder stopped the run and the program turned that into another exception
             from_stop = True
         if from_stop:
             out = _stop_outcome(e)
-            if self.replayer is not None and out.status is Status.OK:
+            if getattr(self.replayer, "detail", None) and out.status is Status.OK:
+                out = Outcome(Status.OK, detail=self.replayer.detail)
+            elif self.replayer is not None and out.status is Status.OK:
                 out = Outcome(Status.OK, detail=f"replayed {self.steps_done} step(s) from step {self.ns.replay_step} "
                                                 f"(the state {self.ns.replay_from} holds after step {self.ns.replay_step - 1})")
             return out

@@ -29,6 +29,15 @@ variables after it. What is observed, and how (class-level wraps, undone by ``re
   ``#k`` for the k-th repeat call in the step and ``[i]`` for the i-th tensor of a
   structured result, ``module`` = the layer's class, ``inputs`` = its inputs' fingerprints.
   Calls with no tape recording (validation, ``predict``, building) are not records.
+- Evaluation, summarised where compare does not look for its verdict (as the torch
+  recorder): ``fit``'s validation, ``evaluate``, ``predict`` (their ``Trainer`` methods are
+  wrapped, and the model's ``test_step``/``predict_step`` on the instance for the batches)
+  and any root layer call with no tape recording go into ``scalars["eval"]`` of the step
+  they ran before: one entry per run of one ``phase`` (``validation``, ``evaluate``,
+  ``predict``, ``no_tape``) with ``after_step``, ``forwards``, ``batches``, ``samples`` and
+  ``ids_fingerprint`` (rows of the ``x`` evaluated, when unique), ``outputs_fingerprint``
+  (of the first 16 root outputs). In graph mode a tap on the root output counts them at run
+  time; under XLA nothing is summarised. After the last step: ``extra.eval_after_last_step``.
 - ``loss``: ``tf.GradientTape.gradient`` is wrapped: its ``target`` is the loss (in ``fit``
   the loss as scaled by a ``LossScaleOptimizer``), one record per ``gradient`` call.
 - ``init`` (step 0), ``grad``, ``param``, ``optim_state``: the optimizer's ``apply``: the
@@ -62,6 +71,9 @@ computed beside them). At most ``policy.max_records_per_step`` input/activation/
 records a step; the rest are counted (``scalars.records_dropped``). Complete state after
 the policy's state steps: ``reprobisect.runners.tf_state.capture_state``.
 
+Replay (``--replay-from``, ``runners.replay_tf``): steps before ``record_from`` run quiet
+(nothing fingerprinted or written); recording starts at it, numbered as in the original.
+
 Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
 eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
 function or the script's own).
@@ -69,6 +81,7 @@ function or the script's own).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import sys
@@ -87,6 +100,7 @@ from tensorflow.python.ops import control_flow_util
 
 from reprobisect.errors import UsageError
 from reprobisect.runners import fingerprint_tf as fptf
+from reprobisect.trace import record_array
 from reprobisect.trace.fingerprint import dtype_name
 from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS, KINDS, SENTINEL_KINDS, Record
 
@@ -97,6 +111,7 @@ _MAX_ID_BYTES = 256 << 20  # the rows of a batch source indexed by content up to
 _ROW_KEEPING = {f"{n}Dataset" for n in ("Batch", "Shuffle", "Prefetch", "Repeat", "Take", "Skip", "Cache", "Options",
                                         "ParallelBatch")}  # tf.data steps that keep rows as they are
 _XLA_LAYERS = "not recorded: XLA (jit_compile=True)"
+_EVAL_OUTPUTS = 16  # outputs fingerprinted per evaluation run (as the torch recorder)
 _GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
 
 
@@ -262,6 +277,11 @@ class TFRecorder:
         self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
         self._none_seen: set[str] = set()
         self._modes: set[str] = set()
+        self.record_from = 0  # a replay (runners.replay_tf): steps before it run quiet, unwritten
+        self._phase: str | None = None  # inside Keras evaluate/predict: "validation", "evaluate", "predict"
+        self._eval_runs: list[dict[str, Any]] = []  # evaluation since the last step ended (scalars["eval"])
+        self._eval_cur: dict[str, Any] | None = None
+        self._eval_index: tuple[Any, "_RowIndex | None"] = (None, None)  # (x of evaluate/predict, its row index)
         self._reset_step()
 
     # -- buffer ------------------------------------------------------------------------------
@@ -296,7 +316,7 @@ class TFRecorder:
     def _add_now(self, kind: str, name: str, t: Any, *, seq: int | None = None, module: str | None = None,
                  inputs: tuple[str, ...] | None = None) -> str:
         """Fingerprint the eager tensor ``t`` now and buffer its record; returns the fingerprint."""
-        if self.policy.sentinel and kind not in SENTINEL_KINDS:
+        if (self.policy.sentinel and kind not in SENTINEL_KINDS) or self.step < self.record_from:
             return ""
         if kind in ("input", "activation", "output"):
             self._forward += 1
@@ -480,9 +500,12 @@ class TFRecorder:
         if not training:
             self._stack.append((layer, False))
             try:
-                return orig(layer, *args, **kwargs)
+                out = orig(layer, *args, **kwargs)
             finally:
                 self._stack.pop()
+            if top:  # evaluation (validation, evaluate, predict, a forward with no tape): summarised
+                self.guarded("eval", self._eval_forward, _tensors(out))
+            return out
         name = ".".join([str(lay.name) for lay, _ in self._stack[1:]] + [str(layer.name)])
         eager = tf.executing_eagerly()
         ins: list[Any] = _tensors((args, kwargs)) if (top or eager) else []
@@ -626,14 +649,22 @@ class TFRecorder:
         if pre.opt is not None:
             self._applied += 1
         self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names), gnorm=gnorm)
-        if self.policy.wants_state(self.step - 1):
+        if self.policy.wants_state(self.step - 1) and self.step > self.record_from:
             self._capture_state(self.step - 1, pre.opt, pre.variables)
         self._check_stop()
 
     def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0, gnorm: Any = None) -> None:
         """Write the buffered records as step ``self.step`` (chain order) and start the next."""
+        if self.step < self.record_from:  # a replay's quiet step: counted, not written
+            self.step += 1
+            self._reset_step()
+            self._take_eval()
+            return
         items = sorted(self._items, key=lambda it: (_KIND_RANK[it.rec.kind], it.seq))
         scalars = self._step_scalars(items, lr, none_names, n_vars)
+        ev = self._take_eval()
+        if ev:
+            scalars["eval"] = ev
         if gnorm is not None and "grad_norm" not in scalars:
             scalars["grad_norm"] = _json_float(float(fptf.host_array(gnorm)))
         if self._dropped:
@@ -847,9 +878,105 @@ class TFRecorder:
                 self._add_ids(fptf.host_array(ts[0]), None, index)
             self._tap("batch", "data", ts)
 
+    # -- evaluation: validation, evaluate, predict, forwards with no tape ---------------------------
+
+    def _eval_run(self) -> dict[str, Any]:
+        """The evaluation run under way (consecutive evaluation of one phase)."""
+        phase = self._phase or "no_tape"
+        cur = self._eval_cur
+        if cur is None or cur["phase"] != phase:
+            cur = {"phase": phase, "after_step": self.step - 1 if self.step else None, "forwards": 0, "batches": 0,
+                   "ids": [], "ids_known": True, "outputs": []}
+            self._eval_runs.append(cur)
+            self._eval_cur = cur
+        return cur
+
+    def _eval_forward(self, outs: list[Any]) -> None:
+        """A forward of a root layer with no tape recording: counted, its outputs fingerprinted
+        (the first ``_EVAL_OUTPUTS`` of the run), now (eager) or when the graph runs."""
+        if not outs or not self.active:
+            return
+        if tf.executing_eagerly():
+            self._eval_values(tuple(outs))
+        elif not _in_xla():
+            self._py(lambda *v: self.guarded("eval", self._eval_values, v), outs)
+        else:
+            self.info["evaluation"] = "not summarised under XLA (jit_compile=True)"
+
+    def _eval_values(self, values: tuple) -> None:
+        if not self.active:
+            return
+        run = self._eval_run()
+        run["forwards"] += 1
+        for v in values:
+            if len(run["outputs"]) < _EVAL_OUTPUTS:
+                run["outputs"].append(fptf.fingerprint_array(fptf.host_array(v), False)[0])
+
+    def before_eval(self, model: Any, phase: str, x: Any) -> None:
+        """Keras ``evaluate`` (``validation`` inside ``fit``) or ``predict`` begins: note the
+        phase, index ``x`` by row (sample IDs), wrap the model's test/predict step once."""
+        if self._eval_index[0] is not x:
+            index = _RowIndex.of(x)
+            self._eval_index = (x, index if index.index is not None else None)
+        for attr in ("test_step", "predict_step"):
+            st = model.__dict__.get(attr)
+            if st is not None and getattr(st, "_reprobisect", False):
+                continue
+            inner = getattr(model, attr)
+            rec = self
+
+            def step(data: Any, _inner: Callable = inner) -> Any:
+                if rec.active and rec._phase is not None:
+                    rec.guarded("eval batch", rec._eval_batch, data)
+                return _inner(data)
+
+            step._reprobisect = True  # type: ignore[attr-defined]
+            object.__setattr__(model, attr, step)
+
+    def _eval_batch(self, data: Any) -> None:
+        ts = _tensors(data)
+        if not ts:
+            return
+        if tf.executing_eagerly():
+            self._eval_ids(ts[0])
+        elif not _in_xla():
+            self._py(lambda v: self.guarded("eval batch", self._eval_ids, v), [ts[0]])
+
+    def _eval_ids(self, x: Any) -> None:
+        if not self.active:
+            return
+        run = self._eval_run()
+        run["batches"] += 1
+        index = self._eval_index[1]
+        ids = index.lookup(fptf.host_array(x)) if index is not None else None
+        if ids is None:
+            run["ids_known"] = False
+        else:
+            run["ids"].append(ids)
+
+    def _take_eval(self) -> list[dict[str, Any]]:
+        """The evaluation since the last step, as JSON (``scalars["eval"]``), and forget it."""
+        runs, self._eval_runs, self._eval_cur = self._eval_runs, [], None
+        out = []
+        for r in runs:
+            ids = np.concatenate(r["ids"]) if r["ids"] and r["ids_known"] else None
+            outs = r["outputs"]
+            out.append({
+                "phase": r["phase"],
+                "after_step": r["after_step"],
+                "forwards": r["forwards"],
+                "batches": r["batches"],
+                "samples": int(ids.size) if ids is not None else None,
+                "ids_fingerprint": record_array("ids", "batch", ids).fingerprint if ids is not None else None,
+                "outputs_fingerprint": hashlib.sha256("\n".join(outs).encode()).hexdigest()[:32] if outs else None,
+                "outputs_fingerprinted": len(outs),
+            })
+        return out
+
     # -- the launcher's interface -------------------------------------------------------------------
 
     seed_source = "tf.random.set_seed"
+    stop_class = StopRun
 
     @property
     def seed(self) -> Any:
@@ -871,7 +998,8 @@ class TFRecorder:
         """No worker processes of ours to stop."""
 
     def evaluation_after_last_step(self) -> list[dict[str, Any]]:
-        return []
+        """Evaluation that ran after the last written step (a validation after the last epoch), as JSON."""
+        return self._take_eval() if self.step > self.record_from else []
 
     def no_steps_detail(self) -> str:
         if "xla" in self.info and "mode" in self.info and "xla" in self.info["mode"]:
@@ -1032,3 +1160,22 @@ def install_keras(rec: TFRecorder) -> None:
     rec._patch(BaseOptimizer, "apply", apply)
     rec._patch(LossScaleOptimizer, "apply", apply)
     rec._patch(TensorFlowTrainer, "fit", fit)
+    rec._patch(TensorFlowTrainer, "evaluate", _evaluation(rec, "evaluate"))
+    rec._patch(TensorFlowTrainer, "predict", _evaluation(rec, "predict"))
+
+
+def _evaluation(rec: TFRecorder, phase: str) -> Callable[[Callable], Callable]:
+    """The wrap of Keras ``evaluate`` (``validation`` when ``fit`` calls it) or ``predict``."""
+    def make(orig: Callable) -> Callable:
+        def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
+            prev = rec._phase
+            now = "validation" if phase == "evaluate" and rec._in_fit else phase
+            if rec.active:
+                rec.guarded("eval", rec.before_eval, model, now, args[0] if args else kwargs.get("x"))
+            rec._phase = now
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                rec._phase = prev
+        return wrapped
+    return make

@@ -24,7 +24,7 @@ from reprobisect.executors import submit_all
 from reprobisect.executors.base import Executor
 from reprobisect.executors.retry import retry
 from reprobisect.trace.reader import read_trace
-from reprobisect.workflows.replay import verify_replay
+from reprobisect.workflows.replay import replay_info, verify_replay
 
 __all__ = ["Escalation", "escalate", "escalate_or_why", "not_replayable", "replay_spec"]
 
@@ -84,6 +84,9 @@ def escalate(comp: Comparison, a: ProbeResult, b: ProbeResult, executor: Executo
             return Escalation(t, start, None, f"full detail at step {t} is inconclusive: side {label} {problem}",
                               (sides[0].trace_dir, sides[1].trace_dir))
     full = compare_results(sides[0], sides[1], tolerance)
+    if k is not None and any((replay_info(read_trace(s.trace_dir, allow_incomplete=True)) or {}).get("mode") == "rerun"
+                             for s in sides):  # runners.replay_tf: no state loaded
+        where = f"replayed steps {start}..{t} by re-running from the start, unrecorded before step {start} (TensorFlow)"
     return Escalation(t, start, full, f"full detail: {where} with full detail on both sides",
                       (sides[0].trace_dir, sides[1].trace_dir))
 
