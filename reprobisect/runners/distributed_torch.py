@@ -118,6 +118,9 @@ class DistributedObserver:
         self.models: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.info: dict[str, Any] | None = None
         self.user_builtin = False
+        self.samplers: list[dict[str, Any]] = []  # DistributedSampler epochs (sampler_epoch)
+        self.sampler_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.samplers_changed = False
         self.local = threading.local()  # .in_hook: inside a DDP comm hook (its own c10d calls are the bucket's)
 
     # -- install ----------------------------------------------------------------
@@ -131,12 +134,47 @@ class DistributedObserver:
             if orig is None or getattr(orig, _MARK, False):
                 continue
             self._patch(dist, op, self._c10d(op, orig))
+        self._wrap_sampler()
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except ImportError:
             return self
         self._wrap_ddp(DDP)
         return self
+
+    def _wrap_sampler(self) -> None:
+        """Note what each ``DistributedSampler`` epoch hands this rank (see ``sampler_epoch``)."""
+        try:
+            from torch.utils.data.distributed import DistributedSampler
+        except ImportError:
+            return
+        obs, orig = self, DistributedSampler.__dict__.get("__iter__")
+        if orig is None or getattr(orig, _MARK, False):
+            return
+
+        def __iter__(sampler: Any) -> Any:
+            it = orig(sampler)
+            if type(sampler).__iter__ is __iter__ and not obs.rec.done:  # not a subclass's own order
+                try:
+                    obs._note_sampler(sampler, orig)
+                except Exception:  # a courtesy: never break the user's data loading
+                    pass
+            return it
+
+        setattr(__iter__, _MARK, True)
+        __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
+        __iter__.__doc__ = orig.__doc__
+        self._patch(DistributedSampler, "__iter__", __iter__)
+
+    def _note_sampler(self, sampler: Any, orig: Callable) -> None:
+        with self.lock:
+            k = self.sampler_ids.setdefault(sampler, len(self.sampler_ids))
+            if k >= _MAX_SAMPLERS or len(self.samplers) >= _MAX_SAMPLER_NOTES:
+                return
+        note = sampler_epoch(sampler, orig, k, self.rec.step)
+        with self.lock:
+            self.samplers.append(note)
+            self.samplers_changed = True
 
     def remove(self) -> None:
         while self.undo:
@@ -271,6 +309,9 @@ class DistributedObserver:
         active = dist is not None and dist.is_initialized()
         if active and self.info is None:
             self._note_info()
+        if self.samplers_changed:
+            self.samplers_changed = False
+            self._note_samplers()
         for _name, _io_, full, p, meta in items:
             self.rec.add_pending("collective", full, p, meta)
         if active and dist.get_world_size() > 1 and not getattr(self.rec, "_sentinel", False):
@@ -286,6 +327,25 @@ class DistributedObserver:
         for e in self.rec._entries[n:]:
             e.meta = {"buffer": True}
 
+    def _writer(self) -> Any:
+        """The writer whose manifest ``extra`` can be updated (the bootstrap's lazy writer is
+        opened: the step being ended is written to it now anyway), or None."""
+        writer = self.rec.writer
+        if not hasattr(writer, "update_extra") and callable(getattr(writer, "open", None)):
+            try:
+                writer = writer.open()
+            except Exception:
+                return None
+        return writer if hasattr(writer, "update_extra") else None
+
+    def _note_samplers(self) -> None:
+        writer = self._writer()
+        if writer is not None:
+            old = writer.extra.get("distributed") if hasattr(writer, "extra") else None
+            with self.lock:
+                notes = list(self.samplers)
+            writer.update_extra({"distributed": {**(old if isinstance(old, dict) else {}), "samplers": notes}})
+
     def _note_info(self) -> None:
         from reprobisect.runners.environment import distributed_info
 
@@ -295,10 +355,42 @@ class DistributedObserver:
         self.info = info
         short = {k: info.get(k) for k in ("rank", "local_rank", "world_size", "backend", "device")}
         self.rec.environment_extra["distributed"] = info
-        writer = self.rec.writer
-        if hasattr(writer, "update_extra"):
+        writer = self._writer()
+        if writer is not None:
             old = writer.extra.get("distributed") if hasattr(writer, "extra") else None
             writer.update_extra({"distributed": {**(old if isinstance(old, dict) else {}), **short}})
+
+
+_MAX_SAMPLERS = 4  # samplers noted per process (a training and an evaluation loader, ...)
+_MAX_SAMPLER_NOTES = 8  # epochs noted, all samplers together
+_MAX_BITMAP = 1 << 18  # datasets up to 262144 samples: the epoch's index set as a bitmap (64 KiB of hex)
+
+
+def sampler_epoch(sampler: Any, orig_iter: Callable, k: int, step: int) -> dict[str, Any]:
+    """What one ``DistributedSampler`` epoch hands this rank: the sampler's settings and,
+    for a dataset of up to ``_MAX_BITMAP`` samples, the set of indices as a bitmap (hex,
+    bit i = sample i), so that the ranks' sets can be checked to cover the dataset.
+
+    ``orig_iter(sampler)`` is run once more for the indices: ``DistributedSampler`` draws
+    them from its own generator seeded with ``seed + epoch``, so no random state of the
+    program moves (only a sampler class of torch's own, not a subclass, is asked).
+    """
+    n = len(sampler.dataset)
+    note: dict[str, Any] = {
+        "sampler": k, "step": int(step), "epoch": int(getattr(sampler, "epoch", 0)), "dataset_len": n,
+        "num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank), "seed": int(sampler.seed),
+        "shuffle": bool(sampler.shuffle), "drop_last": bool(sampler.drop_last),
+        "num_samples": int(sampler.num_samples), "total_size": int(sampler.total_size),
+    }
+    if n <= _MAX_BITMAP:
+        idx = [int(i) for i in orig_iter(sampler)]
+        bits = bytearray((n + 7) // 8)
+        for i in idx:
+            if 0 <= i < n:
+                bits[i >> 3] |= 1 << (i & 7)
+        note["drawn"] = len(idx)
+        note["indices"] = bytes(bits).hex()
+    return note
 
 
 def _allreduce_like_ddp(process_group: Any, bucket: Any) -> Any:

@@ -2,7 +2,7 @@
 
 MODE: plain | noise (rank 1 adds unseeded NumPy noise) | sampler_seed (DistributedSampler
 seeded by rank) | bn (BatchNorm, broadcast_buffers=False, rank-dependent data) |
-no_set_epoch | fsdp (FSDP2 fully_shard) | allreduce (hand-written gradient all_reduce) |
+no_set_epoch | sampler_rank0 (every rank's sampler says rank 0) | fsdp (FSDP2 fully_shard) | allreduce (hand-written gradient all_reduce) |
 user_hook (the script registers its own DDP comm hook).
 DUMP=PATH saves each rank's final state dict to PATH-RANK.pt.
 """
@@ -20,7 +20,8 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 x, y = torch.randn(16, 8), torch.randn(16, 1)
 ds = TensorDataset(x, y)
-sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=rank if mode == "sampler_seed" else 0)
+sampler = DistributedSampler(ds, num_replicas=world, rank=0 if mode == "sampler_rank0" else rank, shuffle=True,
+                             seed=rank if mode == "sampler_seed" else 0)
 dl = DataLoader(ds, batch_size=4, sampler=sampler)
 layers = [torch.nn.Linear(8, 16)] + ([torch.nn.BatchNorm1d(16)] if mode == "bn" else []) + [torch.nn.ReLU(), torch.nn.Linear(16, 1)]
 model = torch.nn.Sequential(*layers)
