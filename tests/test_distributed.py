@@ -476,3 +476,16 @@ def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
     for r in (0, 1):
         ops = {(rec.meta or {}).get("op") for rec in t[r].steps[0].records if rec.kind == "collective"}
         assert {"all_gather_single", "reduce_scatter_single"} <= ops
+        # each collective where it happened: the forward's all-gather before the activations it
+        # feeds, the backward's reduce-scatter between the loss and the gradients
+        names = [f"{rec.kind}:{rec.name}" for rec in t[r].steps[0].records]
+        assert names.index("collective:all_gather_single.0/out") < next(
+            i for i, n in enumerate(names) if n.startswith("activation:")), names
+        rs = names.index("collective:reduce_scatter_single.0/in")
+        assert names.index("loss:loss") < rs < next(i for i, n in enumerate(names) if n.startswith("grad:")), names
+    # rank 1 changes its own shard: it originates there; rank 0 first sees it arrive through the
+    # forward's all-gather (not as an activation of its own)
+    c = compare_paths(a, torchrun(tmp_path / "shard", "fsdp_shard", steps=2))
+    assert not c and c.first.rank == 1 and c.first.step == 0 and c.first.kind == "init", str(c)
+    r0 = [d for d in c.rank_firsts if d.rank == 0]
+    assert r0 and (r0[0].kind, r0[0].name, r0[0].localization) == ("collective", "all_gather_single.0/out", "arrival"), r0

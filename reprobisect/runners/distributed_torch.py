@@ -236,13 +236,20 @@ class DistributedObserver:
         self.counts[base] = k + 1
         return base if k == 0 else f"{base}#{k}"
 
-    def _add(self, name: str, io: str, t: torch.Tensor | None, meta: dict[str, Any]) -> None:
+    def _at(self) -> tuple[list, int]:
+        """Where the step's records stand now (the step's entry list, how many it holds)."""
+        entries = self.rec._entries
+        return entries, len(entries)
+
+    def _add(self, name: str, io: str, t: torch.Tensor | None, meta: dict[str, Any],
+             at: tuple[list, int] | None = None) -> None:
         if t is None or self.rec.done or getattr(self.rec, "_quiet", 0) or getattr(self.rec, "_sentinel", False):
             return
+        at = at if at is not None else self._at()
         with torch.no_grad():
             p = fpt.begin(t, with_stats=self.rec.policy.stats)
         with self.lock:
-            self.pending.append((name, io, f"{name}/{io}", p, {**meta, "io": io}))
+            self.pending.append((name, io, f"{name}/{io}", p, {**meta, "io": io}, at))
 
     def observed(self, hook: Callable, ddp: Any) -> Callable:
         """``hook`` with what enters and leaves each bucket recorded (its result unchanged)."""
@@ -281,15 +288,16 @@ class DistributedObserver:
                 k = obs.counts.get(op, 0)
                 obs.counts[op] = k + 1
             name, meta = f"{op}.{k}", {"op": op}
-            obs._add(name, "in", _one(ins), meta)
+            at = obs._at()  # its place in the step: where the call was made (the output goes with it)
+            obs._add(name, "in", _one(ins), meta, at)
             work = orig(*args, **kwargs)
             if work is not None and hasattr(work, "get_future"):  # async_op=True: recorded when it completes
                 try:
-                    work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta))
+                    work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta, at))
                 except Exception:  # a backend without futures: the output is not recorded
                     pass
             else:
-                obs._add(name, "out", _one(outs), meta)
+                obs._add(name, "out", _one(outs), meta, at)
             return work
 
         setattr(call, _MARK, True)
@@ -312,10 +320,27 @@ class DistributedObserver:
         if self.samplers_changed:
             self.samplers_changed = False
             self._note_samplers()
-        for _name, _io_, full, p, meta in items:
-            self.rec.add_pending("collective", full, p, meta)
+        for _name, _io_, full, p, meta, at in items:
+            self.rec.add_pending("collective", full, p, meta, chain=self._chain(at))
         if active and dist.get_world_size() > 1 and not getattr(self.rec, "_sentinel", False):
             self._buffers()
+
+    def _chain(self, at: tuple[list, int]) -> tuple[int, float] | None:
+        """The chain place of a collective called before the step's loss (FSDP's parameter
+        all-gathers in the forward): just before the first record made after the call (the
+        activation it feeds). None: its kind's place (after the loss, before the gradients),
+        where DDP's gradient buckets and everything of the backward go."""
+        entries, n = at
+        if entries is not self.rec._entries:  # made in another step's records
+            return None
+        if any(e.kind == "loss" for e in entries[:n]):
+            return None
+        nxt = next((e for e in entries[n:] if e.kind != "collective"), None)
+        if nxt is None:
+            return None
+        from reprobisect.trace.format import KINDS
+
+        return (KINDS.index(nxt.kind), nxt.seq - 0.5)
 
     def _buffers(self) -> None:
         root = self.rec.primary_module()

@@ -2,7 +2,8 @@
 
 MODE: plain | noise (rank 1 adds unseeded NumPy noise) | sampler_seed (DistributedSampler
 seeded by rank) | bn (BatchNorm, broadcast_buffers=False, rank-dependent data) |
-no_set_epoch | sampler_rank0 (every rank's sampler says rank 0) | fsdp (FSDP2 fully_shard) | allreduce (hand-written gradient all_reduce) |
+no_set_epoch | sampler_rank0 (every rank's sampler says rank 0) | fsdp (FSDP2 fully_shard) | fsdp_shard (rank 1 changes
+its shard of a weight after fully_shard) | allreduce (hand-written gradient all_reduce) |
 user_hook (the script registers its own DDP comm hook).
 DUMP=PATH saves each rank's final state dict to PATH-RANK.pt.
 """
@@ -25,11 +26,14 @@ sampler = DistributedSampler(ds, num_replicas=world, rank=0 if mode == "sampler_
 dl = DataLoader(ds, batch_size=4, sampler=sampler)
 layers = [torch.nn.Linear(8, 16)] + ([torch.nn.BatchNorm1d(16)] if mode == "bn" else []) + [torch.nn.ReLU(), torch.nn.Linear(16, 1)]
 model = torch.nn.Sequential(*layers)
-if mode == "fsdp":
+if mode in ("fsdp", "fsdp_shard"):
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(model)
     net = model
+    if mode == "fsdp_shard" and rank == 1:  # rank 1 changes its own shard of the first weight
+        with torch.no_grad():
+            model[0].weight.to_local().add_(1e-3)
 elif mode == "allreduce":
     net = model
 else:
