@@ -331,10 +331,11 @@ def _env(**kw: str) -> dict[str, str]:
     return env
 
 
-def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None) -> Path | None:
+def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None,
+             **env_vars: str) -> Path | None:
     """Run ddp_train.py MODE under torchrun: through ``bisect capture`` (one shard per rank) into
     ``trace``, or plain when ``trace`` is None."""
-    env = _env(**({"DUMP": str(dump)} if dump else {}))
+    env = _env(**({"DUMP": str(dump)} if dump else {}), **env_vars)
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT), mode]
     if trace is not None:
         run = [sys.executable, "-m", "reprobisect", "capture", "-o", str(trace), "--steps", str(steps), "--", *run]
@@ -489,3 +490,19 @@ def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
     assert not c and c.first.rank == 1 and c.first.step == 0 and c.first.kind == "init", str(c)
     r0 = [d for d in c.rank_firsts if d.rank == 0]
     assert r0 and (r0[0].kind, r0[0].name, r0[0].localization) == ("collective", "all_gather_single.0/out", "arrival"), r0
+
+
+@pytest.mark.slow
+def test_four_ranks_name_the_noisy_rank_and_the_others_receive_it(tmp_path):
+    a = torchrun(tmp_path / "a", "noise", nproc=4, steps=1, NOISE_RANK="2")
+    b = torchrun(tmp_path / "b", "noise", nproc=4, steps=1, NOISE_RANK="2")
+    c = compare_paths(a, b)
+    assert not c and c.ranks == (0, 1, 2, 3) and c.world_size_a == 4
+    assert c.first.step == 0 and c.first.rank == 2 and c.first.kind in ("batch", "input"), str(c)
+    assert c.first.agree == (0, 1, 3) and c.first.differ == ()
+    others = {d.rank: d for d in c.rank_firsts if d.rank != 2}
+    assert sorted(others) == [0, 1, 3]
+    for d in others.values():  # each other rank first sees it arrive through the gradient all-reduce
+        assert (d.step, d.kind, d.name, d.localization) == (0, "collective", "ddp.bucket0/out", "arrival"), d
+    assert any("starts on rank 2 only" in h and "rank(s) 0, 1, 3 receive it through a collective" in h for h in c.hints)
+    assert "verdict: DIVERGED at step 0 (rank 2, " in str(c)

@@ -1,6 +1,6 @@
 """A tiny DDP/FSDP2 training script for tests/test_distributed.py (run under torchrun, gloo, CPU).
 
-MODE: plain | noise (rank 1 adds unseeded NumPy noise) | sampler_seed (DistributedSampler
+MODE: plain | noise (rank 1, or env NOISE_RANK, adds unseeded NumPy noise) | sampler_seed (DistributedSampler
 seeded by rank) | bn (BatchNorm, broadcast_buffers=False, rank-dependent data) |
 no_set_epoch | sampler_rank0 (every rank's sampler says rank 0) | fsdp (FSDP2 fully_shard) | fsdp_shard (rank 1 changes
 its shard of a weight after fully_shard) | allreduce (hand-written gradient all_reduce) |
@@ -47,7 +47,7 @@ for epoch in range(3):
     if mode not in ("no_set_epoch", "sampler_seed"):
         sampler.set_epoch(epoch)
     for xb, yb in dl:
-        if mode == "noise" and rank == 1:
+        if mode == "noise" and rank == int(os.environ.get("NOISE_RANK", "1")):
             xb = xb + torch.from_numpy(np.random.randn(*xb.shape).astype("float32")) * 1e-3
         if mode == "bn":
             xb = xb + rank
