@@ -7,6 +7,11 @@
   statistics) differ is named, with the tensors: an unsynchronized buffer
   (``broadcast_buffers=False``, BatchNorm instead of SyncBatchNorm) or a parameter the
   wrapped module does not reduce;
+- **missing and overlapping samples**: the ranks' ``DistributedSampler`` epochs (their
+  index sets, noted by ``runners.distributed_torch.sampler_epoch``) together do not draw
+  the dataset once: how many samples no rank draws and how many draws repeat another
+  rank's (the sampler's own padding aside), and why, from the samplers' settings (a
+  per-rank seed; a ``num_replicas``/``rank`` that is not the process's);
 - **overlapping samples**: two ranks drew the same sample IDs in one step: the sampler
   does not partition the data (a ``DistributedSampler`` seeded per rank, or no
   ``DistributedSampler`` at all);
@@ -17,6 +22,10 @@
 on exactly one rank at a step where the others only receive it through a collective (or
 agree) points at something that rank does alone (a rank-local random source that is not
 seeded).
+
+``rerun_unsupported`` says why a workflow that re-runs a command with the launcher's
+per-process options (the zoom, the sentinel escalation's replays) cannot re-run a
+multi-rank trace's command yet: an inconclusive answer instead of a wrong one.
 
 Core module: no ML framework.
 """
@@ -117,7 +126,7 @@ def _overlap(traces: Mapping[int, Trace]) -> str | None:
                     ex = ", ".join(map(str, shared[:_SHOWN]))
                     return (f"ranks {a} and {b} drew overlapping samples at step {s0.step} ({len(shared)} shared "
                             f"sample ID(s), e.g. {ex}): the sampler does not partition the data across ranks (a "
-                            "DistributedSampler seeded differently per rank, or no DistributedSampler)")
+                            "DistributedSampler seeded differently per rank or given another rank, or no DistributedSampler)")
     return None
 
 

@@ -17,18 +17,22 @@ nothing until ``torch.distributed`` is used. Then it records:
 - **c10d collectives**: ``all_reduce``, ``broadcast``, ``all_gather``,
   ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``reduce``
   and FSDP2's ``all_gather_single``/``reduce_scatter_single``, called through
-  ``torch.distributed`` (FSDP2, hand-written synchronisation). Calls made while the
-  forward runs (FSDP2's parameter all-gathers) sit with the other collectives of the
-  step, after the loss: chain order has one place for collectives.
+  ``torch.distributed`` (FSDP2, hand-written synchronisation);
+- **DistributedSampler epochs**: each epoch a ``DistributedSampler`` hands this rank
+  (settings and index set, ``sampler_epoch``) goes to ``extra.distributed.samplers``, so
+  that ``core.distributed`` can count samples no rank draws or several ranks draw.
 
 Each collective gives two records, ``NAME/in`` (what this rank put in, fingerprinted
 before the call) and ``NAME/out`` (what it got back, fingerprinted when the call
 completed): ``ddp.bucket3/in``, ``all_reduce.0/out`` (the k-th call of that op in the
 step; ``#1`` marks a bucket's second reduction in a step). ``meta`` says ``op``, ``io``
-and, for DDP, ``bucket``. They are recorded at the end of the step they happened in and
-sit before the gradients in chain order (``trace.format.KINDS``), so compare tells a
-difference that *originates* on a rank (its input differs) from one that *arrives*
-through a collective (its input agrees, its output does not).
+and, for DDP, ``bucket``. They are recorded at the end of the step they happened in, each
+where it happened in chain order: a call made before the step's loss (FSDP2's parameter
+all-gathers in the forward) just before the first record made after it (the activation it
+feeds); everything of the backward (DDP's buckets, reduce-scatters) after the loss and
+before the gradients (``trace.format.KINDS``). So compare tells a difference that
+*originates* on a rank (its input differs) from one that *arrives* through a collective
+(its input agrees, its output does not).
 
 Besides: the model's buffers (BatchNorm running statistics) are recorded after each step
 as ``param`` records (``meta.buffer``) in a distributed run only, since ranks whose
