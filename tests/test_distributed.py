@@ -188,6 +188,33 @@ def test_lowest_rank_wins_a_tie_and_arrival_is_placed(tmp_path):
     assert c2.first.rank == 0 and c2.first.differ == (1,)  # a tie at the same record: the lowest rank
 
 
+def test_a_forward_collective_comes_before_the_activations_across_ranks(tmp_path):
+    """Across ranks, chain order is the record's place in its step: rank 0's forward
+    all-gather (written before the activation it feeds) is first, although rank 1's
+    activation of the same step differs too and activations rank before collectives by kind."""
+    def fsdp_like(path: Path, rank: int, bump_gather: bool, bump_act: bool) -> None:
+        w = TraceWriter(path, command=["torchrun"], environment=ENV,
+                        extra={"distributed": {"rank": rank, "world_size": 2, "backend": "gloo", "device": "cpu"}})
+        w.begin_step(0)
+        one = np.ones(4, np.float32)
+        for kind, name, a in (("input", "input", one), ("collective", "all_gather_single.0/in", one),
+                              ("collective", "all_gather_single.0/out", one + np.float32(bump_gather)),
+                              ("activation", "fc", one + np.float32(bump_act)), ("loss", "loss", np.float32(1.0))):
+            w.record(_rec(kind, name, a, {"op": "all_gather_single", "io": name[-3:].strip("/")} if kind == "collective" else None))
+        w.end_step({})
+        w.close("complete", outcome={"status": "ok"})
+
+    for r in (0, 1):
+        fsdp_like(rank_dir(tmp_path / "a", r), r, False, False)
+    fsdp_like(rank_dir(tmp_path / "b", 0), 0, True, True)   # rank 0: the gathered parameters differ, then its activation
+    fsdp_like(rank_dir(tmp_path / "b", 1), 1, False, True)  # rank 1: only its activation (listed first by kind)
+    for side in "ab":
+        assemble(tmp_path / side, command=["torchrun"], outcome={"status": "ok"})
+    c = compare_paths(tmp_path / "a", tmp_path / "b")
+    assert (c.first.rank, c.first.kind, c.first.name) == (0, "collective", "all_gather_single.0/out"), str(c)
+    assert (c.next[0].rank, c.next[0].kind) == (0, "activation") and (c.next[1].rank, c.next[1].kind) == (1, "activation")
+
+
 def test_world_size_difference_is_an_environment_difference(tmp_path):
     flat = shard(tmp_path / "flat", 0, 1)
     two = multi(tmp_path / "two")
