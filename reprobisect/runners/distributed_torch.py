@@ -321,7 +321,7 @@ class DistributedObserver:
         active = dist is not None and dist.is_initialized()
         if active and self.info is None:
             self._note_info()
-        if self.samplers_changed:
+        if self.samplers_changed and active and dist.get_world_size() > 1:  # a flat trace stays as it was
             self.samplers_changed = False
             self._note_samplers()
         for _name, _io_, full, p, meta, at in items:
