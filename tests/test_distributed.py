@@ -41,8 +41,8 @@ def shard(path: Path, rank: int, world: int, *, steps: int = 2, change=None, bat
     w = TraceWriter(path, command=["python", "train.py"], environment={**(env or ENV), "distributed": {"world_size": world}},
                     policy=policy,
                     extra={"distributed": {"rank": rank, "local_rank": rank, "world_size": world,
-                                           "backend": "gloo", "device": "cpu",
-                                           **({"samplers": samplers} if samplers is not None else {})}})
+                                           "backend": "gloo", "device": "cpu"},
+                           **({"samplers": samplers} if samplers is not None else {})})
     for k in range(steps):
         rng = np.random.default_rng(100 * k + rank)
         common = np.random.default_rng(k)

@@ -153,8 +153,7 @@ def _same_epoch_order(traces: Mapping[int, Trace]) -> str | None:
 
 
 def _samplers(t: Trace) -> list[dict[str, Any]]:
-    d = t.manifest.extra.get("distributed") if isinstance(t.manifest.extra, dict) else None
-    notes = d.get("samplers") if isinstance(d, dict) else None
+    notes = t.manifest.extra.get("samplers") if isinstance(t.manifest.extra, dict) else None
     return [n for n in notes if isinstance(n, dict)] if isinstance(notes, list) else []
 
 

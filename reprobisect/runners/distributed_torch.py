@@ -19,7 +19,7 @@ nothing until ``torch.distributed`` is used. Then it records:
   and FSDP2's ``all_gather_single``/``reduce_scatter_single``, called through
   ``torch.distributed`` (FSDP2, hand-written synchronisation);
 - **DistributedSampler epochs**: each epoch a ``DistributedSampler`` hands this rank
-  (settings and index set, ``sampler_epoch``) goes to ``extra.distributed.samplers``, so
+  (settings and index set, ``sampler_epoch``) goes to the shard's ``extra.samplers``, so
   that ``core.distributed`` can count samples no rank draws or several ranks draw.
 
 Each collective gives two records, ``NAME/in`` (what this rank put in, fingerprinted
@@ -370,10 +370,9 @@ class DistributedObserver:
     def _note_samplers(self) -> None:
         writer = self._writer()
         if writer is not None:
-            old = writer.extra.get("distributed") if hasattr(writer, "extra") else None
             with self.lock:
                 notes = list(self.samplers)
-            writer.update_extra({"distributed": {**(old if isinstance(old, dict) else {}), "samplers": notes}})
+            writer.update_extra({"samplers": notes})  # beside extra.distributed, which keeps its five keys
 
     def _note_info(self) -> None:
         from reprobisect.runners.environment import distributed_info
