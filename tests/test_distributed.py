@@ -35,12 +35,14 @@ def _rec(kind: str, name: str, a: np.ndarray, meta: dict | None = None):
 
 
 def shard(path: Path, rank: int, world: int, *, steps: int = 2, change=None, batch=None, seal: bool = True,
-          env: dict | None = None, ddp: bool = True) -> Path:
+          env: dict | None = None, ddp: bool = True, policy: dict | None = None, samplers: list | None = None) -> Path:
     """One rank's shard: input, activation, loss, a DDP bucket (in = this rank's gradient,
     out = the reduced one, same on every rank), grad, param (same on every rank)."""
     w = TraceWriter(path, command=["python", "train.py"], environment={**(env or ENV), "distributed": {"world_size": world}},
+                    policy=policy,
                     extra={"distributed": {"rank": rank, "local_rank": rank, "world_size": world,
-                                           "backend": "gloo", "device": "cpu"}})
+                                           "backend": "gloo", "device": "cpu"},
+                           **({"samplers": samplers} if samplers is not None else {})})
     for k in range(steps):
         rng = np.random.default_rng(100 * k + rank)
         common = np.random.default_rng(k)
@@ -65,9 +67,9 @@ def shard(path: Path, rank: int, world: int, *, steps: int = 2, change=None, bat
     return path
 
 
-def multi(path: Path, world: int = 2, **kw) -> Path:
+def multi(path: Path, world: int = 2, samplers=None, **kw) -> Path:
     for r in range(world):
-        shard(rank_dir(path, r), r, world, **kw)
+        shard(rank_dir(path, r), r, world, samplers=samplers(r) if samplers else None, **kw)
     assemble(path, command=["torchrun", "train.py"], outcome={"status": "ok", "detail": "done"})
     return path
 
@@ -186,6 +188,33 @@ def test_lowest_rank_wins_a_tie_and_arrival_is_placed(tmp_path):
     assert c2.first.rank == 0 and c2.first.differ == (1,)  # a tie at the same record: the lowest rank
 
 
+def test_a_forward_collective_comes_before_the_activations_across_ranks(tmp_path):
+    """Across ranks, chain order is the record's place in its step: rank 0's forward
+    all-gather (written before the activation it feeds) is first, although rank 1's
+    activation of the same step differs too and activations rank before collectives by kind."""
+    def fsdp_like(path: Path, rank: int, bump_gather: bool, bump_act: bool) -> None:
+        w = TraceWriter(path, command=["torchrun"], environment=ENV,
+                        extra={"distributed": {"rank": rank, "world_size": 2, "backend": "gloo", "device": "cpu"}})
+        w.begin_step(0)
+        one = np.ones(4, np.float32)
+        for kind, name, a in (("input", "input", one), ("collective", "all_gather_single.0/in", one),
+                              ("collective", "all_gather_single.0/out", one + np.float32(bump_gather)),
+                              ("activation", "fc", one + np.float32(bump_act)), ("loss", "loss", np.float32(1.0))):
+            w.record(_rec(kind, name, a, {"op": "all_gather_single", "io": name[-3:].strip("/")} if kind == "collective" else None))
+        w.end_step({})
+        w.close("complete", outcome={"status": "ok"})
+
+    for r in (0, 1):
+        fsdp_like(rank_dir(tmp_path / "a", r), r, False, False)
+    fsdp_like(rank_dir(tmp_path / "b", 0), 0, True, True)   # rank 0: the gathered parameters differ, then its activation
+    fsdp_like(rank_dir(tmp_path / "b", 1), 1, False, True)  # rank 1: only its activation (listed first by kind)
+    for side in "ab":
+        assemble(tmp_path / side, command=["torchrun"], outcome={"status": "ok"})
+    c = compare_paths(tmp_path / "a", tmp_path / "b")
+    assert (c.first.rank, c.first.kind, c.first.name) == (0, "collective", "all_gather_single.0/out"), str(c)
+    assert (c.next[0].rank, c.next[0].kind) == (0, "activation") and (c.next[1].rank, c.next[1].kind) == (1, "activation")
+
+
 def test_world_size_difference_is_an_environment_difference(tmp_path):
     flat = shard(tmp_path / "flat", 0, 1)
     two = multi(tmp_path / "two")
@@ -213,6 +242,67 @@ def test_findings_desync_and_overlap(tmp_path):
     assert any("ranks 0 and 1 drew overlapping samples at step 0" in f for f in c.findings)
     assert "distributed: A: ranks 0 and 1 drew overlapping samples" in str(c)
     assert compare_paths(multi(tmp_path / "ok"), multi(tmp_path / "ok2")).findings == ()
+
+
+def _sampler_note(rank: int, indices: list[int], *, n: int = 8, world: int = 2, seed: int = 0, sampler_rank=None) -> dict:
+    bits = bytearray((n + 7) // 8)
+    for i in indices:
+        bits[i >> 3] |= 1 << (i & 7)
+    return {"sampler": 0, "step": 0, "epoch": 0, "dataset_len": n, "num_replicas": world,
+            "rank": rank if sampler_rank is None else sampler_rank, "seed": seed, "shuffle": True, "drop_last": False,
+            "num_samples": n // world, "total_size": n, "drawn": len(indices), "indices": bytes(bits).hex()}
+
+
+def test_findings_missing_samples_from_the_samplers_index_sets(tmp_path):
+    from reprobisect.core.distributed import findings
+
+    ok = multi(tmp_path / "ok", samplers=lambda r: [_sampler_note(r, [0, 2, 4, 6] if r == 0 else [1, 3, 5, 7])])
+    assert findings(open_ranks(ok)) == []
+    seeded = multi(tmp_path / "seeded", samplers=lambda r: [_sampler_note(r, [0, 2, 4, 6] if r == 0 else [0, 1, 2, 3], seed=r)])
+    found = findings(open_ranks(seeded))
+    assert found and found[0].startswith("the ranks do not draw the dataset once between them in epoch 0 (from step 0")
+    assert "2 of 8 samples are drawn by no rank (missing) and 2 draw(s) repeat" in found[0]
+    assert "seeded differently (rank 0: seed 0, rank 1: seed 1)" in found[0]
+    wrong = multi(tmp_path / "wrong", samplers=lambda r: [_sampler_note(r, [0, 2, 4, 6], sampler_rank=0)])
+    found = findings(open_ranks(wrong))
+    assert "4 of 8 samples are drawn by no rank" in found[0] and "rank 1's DistributedSampler says num_replicas=2, rank=0" in found[0]
+    # padding (8 samples over 3 ranks: 9 draws) is what DistributedSampler does, not an overlap
+    pad = multi(tmp_path / "pad", world=3, samplers=lambda r: [{**_sampler_note(r, [[0, 3, 6], [1, 4, 7], [2, 5, 0]][r], world=3),
+                                                                "num_samples": 3, "total_size": 9}])
+    assert findings(open_ranks(pad)) == []
+
+
+def test_zoom_of_a_multi_rank_trace_is_inconclusive_and_runs_nothing(tmp_path):
+    from reprobisect.workflows.zoom import run_zoom
+
+    def bump(rank, k, kind, name, x):
+        return x + np.float32(1e-3) if (rank, k, kind) == (1, 0, "activation") else x
+
+    a, b = multi(tmp_path / "a"), multi(tmp_path / "b", change=bump)
+    c = compare_paths(a, b)
+    z = run_zoom(a, b, c, trust=True, executor=object())  # an executor that cannot run anything
+    assert not z and z.verdict == "unsupported" and z.module == "fc" and z.step == 0
+    assert str(z).startswith("zoom into module 'fc' at step 0: inconclusive: zoom of a distributed run is not supported yet (")
+    assert "the divergence is on rank 1" in str(z)
+
+
+def test_sentinel_escalation_of_a_multi_rank_run_is_inconclusive(tmp_path):
+    from reprobisect.core.outcome import Outcome, Status
+    from reprobisect.core.probe import ProbeResult, ProbeSpec
+    from reprobisect.workflows.escalate import escalate
+
+    def bump(rank, k, kind, name, x):
+        return x + np.float32(1e-3) if (rank, k, kind) == (1, 1, "loss") else x
+
+    sentinel = {"detail": "sentinel"}
+    a, b = multi(tmp_path / "a", policy=sentinel), multi(tmp_path / "b", policy=sentinel, change=bump)
+    c = compare_paths(a, b)
+    assert c.sentinel and c.first.step == 1 and c.first.rank == 1
+    spec = ProbeSpec(key="p", argv=("torchrun", "train.py"), detail="sentinel")
+    sides = [ProbeResult(spec, Outcome(Status.OK), trace_dir=str(p)) for p in (a, b)]
+    esc = escalate(c, sides[0], sides[1], executor=None)  # nothing may be submitted
+    assert esc is not None and not esc and esc.comparison is None
+    assert esc.reason.startswith("full detail at step 1 is inconclusive: replay of a distributed run is not supported yet (")
 
 
 def test_workflow_readers_take_multi_rank_traces(tmp_path):
@@ -268,10 +358,11 @@ def _env(**kw: str) -> dict[str, str]:
     return env
 
 
-def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None) -> Path | None:
+def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, dump: Path | None = None,
+             **env_vars: str) -> Path | None:
     """Run ddp_train.py MODE under torchrun: through ``bisect capture`` (one shard per rank) into
     ``trace``, or plain when ``trace`` is None."""
-    env = _env(**({"DUMP": str(dump)} if dump else {}))
+    env = _env(**({"DUMP": str(dump)} if dump else {}), **env_vars)
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT), mode]
     if trace is not None:
         run = [sys.executable, "-m", "reprobisect", "capture", "-o", str(trace), "--steps", str(steps), "--", *run]
@@ -291,6 +382,7 @@ def runs(tmp_path_factory):
         "noise": torchrun(base / "noise", "noise"),
         "noise2": torchrun(base / "noise2", "noise"),
         "sampler": torchrun(base / "sampler", "sampler_seed", steps=4),
+        "sampler_rank0": torchrun(base / "sampler_rank0", "sampler_rank0", steps=2),
         "bn": torchrun(base / "bn", "bn"),
         "single": torchrun(base / "single", "plain", nproc=1, steps=7),
         "allreduce": torchrun(base / "allreduce", "allreduce", steps=2),
@@ -371,6 +463,19 @@ def test_per_rank_sampler_seed_is_found(runs):
     c = compare_paths(runs["sampler"], runs["sampler"])
     assert any("drew overlapping samples" in f for f in c.findings), c.findings
     assert any("same shuffled sample order every epoch" in f and "set_epoch" in f for f in c.findings), c.findings
+    # the samplers' whole epoch (noted by the recorder), not only the recorded steps: what no rank draws
+    missing = [f for f in c.findings if "drawn by no rank" in f]
+    assert missing and "epoch 0 (from step 0" in missing[0] and "of 16 samples are drawn by no rank" in missing[0]
+    assert "seeded differently (rank 0: seed 0, rank 1: seed 1)" in missing[0]
+    assert not [f for f in compare_paths(runs["noise"], runs["noise2"]).findings if "drawn by no rank" in f]
+
+
+@pytest.mark.slow
+def test_a_sampler_told_the_wrong_rank_is_found(runs):
+    c = compare_paths(runs["sampler_rank0"], runs["sampler_rank0"])
+    missing = [f for f in c.findings if "drawn by no rank" in f]
+    assert missing and "8 of 16 samples are drawn by no rank (missing) and 8 draw(s) repeat" in missing[0], c.findings
+    assert "rank 1's DistributedSampler says num_replicas=2, rank=0" in missing[0]
 
 
 @pytest.mark.slow
@@ -399,3 +504,32 @@ def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
     for r in (0, 1):
         ops = {(rec.meta or {}).get("op") for rec in t[r].steps[0].records if rec.kind == "collective"}
         assert {"all_gather_single", "reduce_scatter_single"} <= ops
+        # each collective where it happened: the forward's all-gather before the activations it
+        # feeds, the backward's reduce-scatter between the loss and the gradients
+        names = [f"{rec.kind}:{rec.name}" for rec in t[r].steps[0].records]
+        assert names.index("collective:all_gather_single.0/out") < next(
+            i for i, n in enumerate(names) if n.startswith("activation:")), names
+        rs = names.index("collective:reduce_scatter_single.0/in")
+        assert names.index("loss:loss") < rs < next(i for i, n in enumerate(names) if n.startswith("grad:")), names
+    # rank 1 changes its own shard: it originates there; rank 0 first sees it arrive through the
+    # forward's all-gather (not as an activation of its own)
+    c = compare_paths(a, torchrun(tmp_path / "shard", "fsdp_shard", steps=2))
+    assert not c and c.first.rank == 1 and c.first.step == 0 and c.first.kind == "init", str(c)
+    r0 = [d for d in c.rank_firsts if d.rank == 0]
+    assert r0 and (r0[0].kind, r0[0].name, r0[0].localization) == ("collective", "all_gather_single.0/out", "arrival"), r0
+
+
+@pytest.mark.slow
+def test_four_ranks_name_the_noisy_rank_and_the_others_receive_it(tmp_path):
+    a = torchrun(tmp_path / "a", "noise", nproc=4, steps=1, NOISE_RANK="2")
+    b = torchrun(tmp_path / "b", "noise", nproc=4, steps=1, NOISE_RANK="2")
+    c = compare_paths(a, b)
+    assert not c and c.ranks == (0, 1, 2, 3) and c.world_size_a == 4
+    assert c.first.step == 0 and c.first.rank == 2 and c.first.kind in ("batch", "input"), str(c)
+    assert c.first.agree == (0, 1, 3) and c.first.differ == ()
+    others = {d.rank: d for d in c.rank_firsts if d.rank != 2}
+    assert sorted(others) == [0, 1, 3]
+    for d in others.values():  # each other rank first sees it arrive through the gradient all-reduce
+        assert (d.step, d.kind, d.name, d.localization) == (0, "collective", "ddp.bucket0/out", "arrival"), d
+    assert any("starts on rank 2 only" in h and "rank(s) 0, 1, 3 receive it through a collective" in h for h in c.hints)
+    assert "verdict: DIVERGED at step 0 (rank 2, " in str(c)

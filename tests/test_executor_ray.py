@@ -662,6 +662,39 @@ def test_bisect_capture_and_compare_zoom_take_executor_ray_from_the_command_line
     assert out["zoom"]["verdict"] == "origin" and "mul" in json.dumps(out["zoom"]), out["zoom"]  # the op that differs
 
 
+def test_a_torchrun_probe_on_ray_records_every_rank_and_agrees_with_a_local_capture(cluster, tmp_path, capsys):
+    """A real ``torchrun --nproc_per_node 2`` DDP run (gloo) as a probe on the cluster, through
+    the bootstrap: the multi-rank trace comes back whole and compares equal, rank by rank,
+    with the same command captured locally."""
+    from reprobisect.cli import main
+    from reprobisect.core.compare import compare_paths
+    from reprobisect.trace.ranks import open_ranks
+
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copy(Path(__file__).parent / "distributed" / "ddp_train.py", work / "train.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py", "plain"]
+    on_ray, local = tmp_path / "ray.trace", tmp_path / "local.trace"
+    old, omp = os.getcwd(), os.environ.get("OMP_NUM_THREADS")
+    os.chdir(work)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        assert main(["capture", "-q", "--executor", "ray", "--address", cluster.address, "--steps", "2",
+                     "--timeout", "240", "-o", str(on_ray), "--", *cmd]) == 0, capsys.readouterr()
+        assert main(["capture", "-q", "--steps", "2", "--timeout", "240", "-o", str(local), "--", *cmd]) == 0
+    finally:
+        os.chdir(old)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
+    traces = open_ranks(on_ray)  # every shard's files are here
+    assert sorted(traces) == [0, 1] and all(len(t.steps) == 2 for t in traces.values())
+    assert [r.name for r in traces[1].steps[0].records if r.kind == "collective"] == ["ddp.bucket0/in", "ddp.bucket0/out"]
+    c = compare_paths(on_ray, local)
+    assert c and c.first is None and c.ranks == (0, 1), str(c)
+
+
 # --------------------------------------------------------------------------- multi-GPU probes
 # Kept last in the module: ``gpu_nodes`` adds two 2-GPU nodes to the module's cluster, which
 # would change the shape the tests above count on.

@@ -1177,14 +1177,25 @@ def compare_paths(
 # multi-rank traces
 
 
-def _chain_key(d: Divergence, rank: int) -> tuple[Any, ...]:
-    """Where a divergence sits among all ranks' divergences: by step, then chain order, then rank."""
+def _chain_key(d: Divergence, rank: int, t: Trace | None = None) -> tuple[Any, ...]:
+    """Where a divergence sits among all ranks' divergences: by step, then chain order, then rank.
+
+    Chain order is the record's place in its step (``Record.order``: the recorder writes a
+    step's records in chain order, a collective of the forward before the activation it
+    feeds); batch IDs come first, the step's scalars just before its first gradient
+    (where the walk compares them), a missing step last. Without an order, the kind's place."""
+    step = t.step(d.step) if t is not None else None
     if d.kind == "batch" and d.name == _BATCH_IDS:
         pos = -1.0
     elif d.kind == "scalar":
         pos = _SCALAR_RANK - 0.5
+        if step is not None:
+            pos = next((float(r.order) - 0.5 for r in step.records if _KIND_RANK.get(r.kind, 0) >= _SCALAR_RANK
+                        and r.order >= 0), float(len(step.records)))
     elif d.kind == "step":
-        pos = float(len(KINDS))
+        pos = float(1 << 30)
+    elif d.order >= 0 and step is not None:
+        pos = float(d.order)
     else:
         pos = float(_KIND_RANK.get(d.kind, len(KINDS)))
     return (d.step, pos, d.order, rank)
@@ -1246,7 +1257,7 @@ def compare_ranked(ta: Mapping[int, Trace], tb: Mapping[int, Trace], tolerance: 
         raise UsageError(f"traces '{a}' and '{b}' share no rank; nothing to compare")
     tolerance, reason = _resolve_tolerance(ta[common[0]], tb[common[0]], tolerance)
     per = {r: compare_traces(ta[r], tb[r], tolerance) for r in common}
-    found = sorted(((_chain_key(d, r), replace(d, rank=r)) for r, c in per.items()
+    found = sorted(((_chain_key(d, r, ta[r]), replace(d, rank=r)) for r, c in per.items()
                     for d in ((c.first,) if c.first is not None else ()) + c.next), key=lambda kd: kd[0])
     divs = [d for _, d in found]
     first = divs[0] if divs else None

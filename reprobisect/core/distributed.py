@@ -7,6 +7,11 @@
   statistics) differ is named, with the tensors: an unsynchronized buffer
   (``broadcast_buffers=False``, BatchNorm instead of SyncBatchNorm) or a parameter the
   wrapped module does not reduce;
+- **missing and overlapping samples**: the ranks' ``DistributedSampler`` epochs (their
+  index sets, noted by ``runners.distributed_torch.sampler_epoch``) together do not draw
+  the dataset once: how many samples no rank draws and how many draws repeat another
+  rank's (the sampler's own padding aside), and why, from the samplers' settings (a
+  per-rank seed; a ``num_replicas``/``rank`` that is not the process's);
 - **overlapping samples**: two ranks drew the same sample IDs in one step: the sampler
   does not partition the data (a ``DistributedSampler`` seeded per rank, or no
   ``DistributedSampler`` at all);
@@ -18,6 +23,10 @@ on exactly one rank at a step where the others only receive it through a collect
 agree) points at something that rank does alone (a rank-local random source that is not
 seeded).
 
+``rerun_unsupported`` says why a workflow that re-runs a command with the launcher's
+per-process options (the zoom, the sentinel escalation's replays) cannot re-run a
+multi-rank trace's command yet: an inconclusive answer instead of a wrong one.
+
 Core module: no ML framework.
 """
 
@@ -27,9 +36,37 @@ from typing import Any, Mapping
 
 from reprobisect.trace.reader import Trace
 
-__all__ = ["findings", "rank_local_hints", "is_ddp"]
+__all__ = ["findings", "rank_local_hints", "is_ddp", "rerun_unsupported"]
 
 _SHOWN = 3
+
+
+def rerun_unsupported(what: str, *trace_dirs: Any) -> str | None:
+    """Why ``what`` (``replay``, ``zoom``) cannot re-run the traces at ``trace_dirs``, or None.
+
+    A multi-rank trace (one shard per rank) records a command that starts its ranks
+    itself (torchrun, a job script); re-running it with the launcher's per-process options
+    (``--replay-from``, ``--zoom-module``) is not implemented: the bootstrap that records
+    the ranks does not pass them on, so the re-run would record the run from its start
+    instead. Saying so beats a wrong answer.
+    """
+    from reprobisect.trace import ranks
+
+    for d in trace_dirs:
+        if d is None:
+            continue
+        try:
+            multi = ranks.is_multi_rank(d)
+        except OSError:
+            multi = False
+        if multi:
+            try:
+                world = ranks.world_size_of(d)
+            except Exception:
+                world = len(ranks.shard_ranks(d))
+            return (f"inconclusive: {what} of a distributed run is not supported yet (trace '{d}' holds one shard "
+                    f"per rank, {world} ranks; the ranks' records are compared as they are: see the comparison)")
+    return None
 
 
 def is_ddp(t: Trace) -> bool:
@@ -89,7 +126,7 @@ def _overlap(traces: Mapping[int, Trace]) -> str | None:
                     ex = ", ".join(map(str, shared[:_SHOWN]))
                     return (f"ranks {a} and {b} drew overlapping samples at step {s0.step} ({len(shared)} shared "
                             f"sample ID(s), e.g. {ex}): the sampler does not partition the data across ranks (a "
-                            "DistributedSampler seeded differently per rank, or no DistributedSampler)")
+                            "DistributedSampler seeded differently per rank or given another rank, or no DistributedSampler)")
     return None
 
 
@@ -115,12 +152,83 @@ def _same_epoch_order(traces: Mapping[int, Trace]) -> str | None:
     return None
 
 
+def _samplers(t: Trace) -> list[dict[str, Any]]:
+    notes = t.manifest.extra.get("samplers") if isinstance(t.manifest.extra, dict) else None
+    return [n for n in notes if isinstance(n, dict)] if isinstance(notes, list) else []
+
+
+def _popcount(hexbits: str) -> tuple[int, int]:
+    """(the bitmap as an int, how many bits are set)."""
+    v = int.from_bytes(bytes.fromhex(hexbits), "little") if hexbits else 0
+    return v, bin(v).count("1")
+
+
+def _sampler_cause(notes: Mapping[int, dict[str, Any]], world: int) -> str:
+    """Why the ranks' samplers of one epoch do not partition the data, from their settings."""
+    wrong = [(r, n) for r, n in sorted(notes.items()) if n.get("num_replicas") != world or n.get("rank") != r]
+    if wrong:
+        r, n = wrong[0]
+        return (f"rank {r}'s DistributedSampler says num_replicas={n.get('num_replicas')}, rank={n.get('rank')} in a run "
+                f"of world size {world}: pass num_replicas=world_size and rank=the process's rank (or leave both unset)")
+    seeds = {r: n.get("seed") for r, n in sorted(notes.items())}
+    if len(set(seeds.values())) > 1 and any(n.get("shuffle") for n in notes.values()):
+        said = ", ".join(f"rank {r}: seed {v}" for r, v in list(seeds.items())[:_SHOWN])
+        return (f"the ranks' DistributedSamplers are seeded differently ({said}): each shuffles its own permutation; "
+                "give every rank the same seed")
+    return "the samplers' index sets do not partition the dataset"
+
+
+def _coverage(traces: Mapping[int, Trace]) -> str | None:
+    """Missing and overlapping samples of one DistributedSampler epoch across all ranks
+    (``runners.distributed_torch.sampler_epoch`` notes each rank's index set)."""
+    ranks = sorted(traces)
+    world = len(ranks)
+    if ranks != list(range(world)):
+        return None
+    by_epoch: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for r in ranks:
+        for n in _samplers(traces[r]):
+            by_epoch.setdefault((n.get("sampler", 0), n.get("epoch", 0)), {}).setdefault(r, n)
+    for (k, epoch), notes in sorted(by_epoch.items()):
+        if sorted(notes) != ranks:
+            continue
+        size = {n.get("dataset_len") for n in notes.values()}
+        if len(size) != 1:
+            continue
+        total = size.pop()
+        step = min(int(n.get("step", 0)) for n in notes.values())
+        cause = _sampler_cause(notes, world)
+        where = f"epoch {epoch} (from step {step}, sampler {k}), ranks {ranks[0]}-{ranks[-1]}"
+        if not all(isinstance(n.get("indices"), str) for n in notes.values()):
+            if cause.startswith("the samplers'"):
+                continue
+            return f"the ranks do not draw the dataset once between them in {where}: {cause} (not counted: dataset too large)"
+        union, drawn = 0, 0
+        for n in notes.values():
+            v, _c = _popcount(n["indices"])
+            union |= v
+            drawn += int(n.get("drawn", 0))
+        covered = bin(union).count("1")
+        one = notes[0]
+        planned = int(one.get("total_size", total))
+        dropped = max(total - planned, 0) if one.get("drop_last") else 0  # drop_last trims the tail
+        padded = max(planned - total, 0) if not one.get("drop_last") else 0  # else the head is repeated
+        missing = total - covered - dropped
+        overlap = drawn - covered - padded
+        if missing <= 0 and overlap <= 0:
+            continue
+        return (f"the ranks do not draw the dataset once between them in {where}: {max(missing, 0)} of {total} samples "
+                f"are drawn by no rank (missing) and {max(overlap, 0)} draw(s) repeat a sample another rank draws "
+                f"(overlap): {cause}")
+    return None
+
+
 def findings(traces: Mapping[int, Trace]) -> list[str]:
     """What the ranks of ONE trace show about the run (see the module docstring), in words."""
     if len(traces) < 2:
         return []
     out = []
-    for check in (_desync, _overlap, _same_epoch_order):
+    for check in (_desync, _coverage, _overlap, _same_epoch_order):
         try:  # a finding is a courtesy: never lose the comparison over one
             said = check(traces)
         except Exception:

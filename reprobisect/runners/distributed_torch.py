@@ -17,18 +17,22 @@ nothing until ``torch.distributed`` is used. Then it records:
 - **c10d collectives**: ``all_reduce``, ``broadcast``, ``all_gather``,
   ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``reduce``
   and FSDP2's ``all_gather_single``/``reduce_scatter_single``, called through
-  ``torch.distributed`` (FSDP2, hand-written synchronisation). Calls made while the
-  forward runs (FSDP2's parameter all-gathers) sit with the other collectives of the
-  step, after the loss: chain order has one place for collectives.
+  ``torch.distributed`` (FSDP2, hand-written synchronisation);
+- **DistributedSampler epochs**: each epoch a ``DistributedSampler`` hands this rank
+  (settings and index set, ``sampler_epoch``) goes to the shard's ``extra.samplers``, so
+  that ``core.distributed`` can count samples no rank draws or several ranks draw.
 
 Each collective gives two records, ``NAME/in`` (what this rank put in, fingerprinted
 before the call) and ``NAME/out`` (what it got back, fingerprinted when the call
 completed): ``ddp.bucket3/in``, ``all_reduce.0/out`` (the k-th call of that op in the
 step; ``#1`` marks a bucket's second reduction in a step). ``meta`` says ``op``, ``io``
-and, for DDP, ``bucket``. They are recorded at the end of the step they happened in and
-sit before the gradients in chain order (``trace.format.KINDS``), so compare tells a
-difference that *originates* on a rank (its input differs) from one that *arrives*
-through a collective (its input agrees, its output does not).
+and, for DDP, ``bucket``. They are recorded at the end of the step they happened in, each
+where it happened in chain order: a call made before the step's loss (FSDP2's parameter
+all-gathers in the forward) just before the first record made after it (the activation it
+feeds); everything of the backward (DDP's buckets, reduce-scatters) after the loss and
+before the gradients (``trace.format.KINDS``). So compare tells a difference that
+*originates* on a rank (its input differs) from one that *arrives* through a collective
+(its input agrees, its output does not).
 
 Besides: the model's buffers (BatchNorm running statistics) are recorded after each step
 as ``param`` records (``meta.buffer``) in a distributed run only, since ranks whose
@@ -118,6 +122,9 @@ class DistributedObserver:
         self.models: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.info: dict[str, Any] | None = None
         self.user_builtin = False
+        self.samplers: list[dict[str, Any]] = []  # DistributedSampler epochs (sampler_epoch)
+        self.sampler_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.samplers_changed = False
         self.local = threading.local()  # .in_hook: inside a DDP comm hook (its own c10d calls are the bucket's)
 
     # -- install ----------------------------------------------------------------
@@ -131,12 +138,47 @@ class DistributedObserver:
             if orig is None or getattr(orig, _MARK, False):
                 continue
             self._patch(dist, op, self._c10d(op, orig))
+        self._wrap_sampler()
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except ImportError:
             return self
         self._wrap_ddp(DDP)
         return self
+
+    def _wrap_sampler(self) -> None:
+        """Note what each ``DistributedSampler`` epoch hands this rank (see ``sampler_epoch``)."""
+        try:
+            from torch.utils.data.distributed import DistributedSampler
+        except ImportError:
+            return
+        obs, orig = self, DistributedSampler.__dict__.get("__iter__")
+        if orig is None or getattr(orig, _MARK, False):
+            return
+
+        def __iter__(sampler: Any) -> Any:
+            it = orig(sampler)
+            if type(sampler).__iter__ is __iter__ and not obs.rec.done:  # not a subclass's own order
+                try:
+                    obs._note_sampler(sampler, orig)
+                except Exception:  # a courtesy: never break the user's data loading
+                    pass
+            return it
+
+        setattr(__iter__, _MARK, True)
+        __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
+        __iter__.__doc__ = orig.__doc__
+        self._patch(DistributedSampler, "__iter__", __iter__)
+
+    def _note_sampler(self, sampler: Any, orig: Callable) -> None:
+        with self.lock:
+            k = self.sampler_ids.setdefault(sampler, len(self.sampler_ids))
+            if k >= _MAX_SAMPLERS or len(self.samplers) >= _MAX_SAMPLER_NOTES:
+                return
+        note = sampler_epoch(sampler, orig, k, self.rec.step)
+        with self.lock:
+            self.samplers.append(note)
+            self.samplers_changed = True
 
     def remove(self) -> None:
         while self.undo:
@@ -198,13 +240,20 @@ class DistributedObserver:
         self.counts[base] = k + 1
         return base if k == 0 else f"{base}#{k}"
 
-    def _add(self, name: str, io: str, t: torch.Tensor | None, meta: dict[str, Any]) -> None:
+    def _at(self) -> tuple[list, int]:
+        """Where the step's records stand now (the step's entry list, how many it holds)."""
+        entries = self.rec._entries
+        return entries, len(entries)
+
+    def _add(self, name: str, io: str, t: torch.Tensor | None, meta: dict[str, Any],
+             at: tuple[list, int] | None = None) -> None:
         if t is None or self.rec.done or getattr(self.rec, "_quiet", 0) or getattr(self.rec, "_sentinel", False):
             return
+        at = at if at is not None else self._at()
         with torch.no_grad():
             p = fpt.begin(t, with_stats=self.rec.policy.stats)
         with self.lock:
-            self.pending.append((name, io, f"{name}/{io}", p, {**meta, "io": io}))
+            self.pending.append((name, io, f"{name}/{io}", p, {**meta, "io": io}, at))
 
     def observed(self, hook: Callable, ddp: Any) -> Callable:
         """``hook`` with what enters and leaves each bucket recorded (its result unchanged)."""
@@ -243,15 +292,16 @@ class DistributedObserver:
                 k = obs.counts.get(op, 0)
                 obs.counts[op] = k + 1
             name, meta = f"{op}.{k}", {"op": op}
-            obs._add(name, "in", _one(ins), meta)
+            at = obs._at()  # its place in the step: where the call was made (the output goes with it)
+            obs._add(name, "in", _one(ins), meta, at)
             work = orig(*args, **kwargs)
             if work is not None and hasattr(work, "get_future"):  # async_op=True: recorded when it completes
                 try:
-                    work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta))
+                    work.get_future().then(lambda f: obs._add(name, "out", _one(outs), meta, at))
                 except Exception:  # a backend without futures: the output is not recorded
                     pass
             else:
-                obs._add(name, "out", _one(outs), meta)
+                obs._add(name, "out", _one(outs), meta, at)
             return work
 
         setattr(call, _MARK, True)
@@ -271,10 +321,30 @@ class DistributedObserver:
         active = dist is not None and dist.is_initialized()
         if active and self.info is None:
             self._note_info()
-        for _name, _io_, full, p, meta in items:
-            self.rec.add_pending("collective", full, p, meta)
+        if self.samplers_changed and active and dist.get_world_size() > 1:  # a flat trace stays as it was
+            self.samplers_changed = False
+            self._note_samplers()
+        for _name, _io_, full, p, meta, at in items:
+            self.rec.add_pending("collective", full, p, meta, chain=self._chain(at))
         if active and dist.get_world_size() > 1 and not getattr(self.rec, "_sentinel", False):
             self._buffers()
+
+    def _chain(self, at: tuple[list, int]) -> tuple[int, float] | None:
+        """The chain place of a collective called before the step's loss (FSDP's parameter
+        all-gathers in the forward): just before the first record made after the call (the
+        activation it feeds). None: its kind's place (after the loss, before the gradients),
+        where DDP's gradient buckets and everything of the backward go."""
+        entries, n = at
+        if entries is not self.rec._entries:  # made in another step's records
+            return None
+        if any(e.kind == "loss" for e in entries[:n]):
+            return None
+        nxt = next((e for e in entries[n:] if e.kind != "collective"), None)
+        if nxt is None:
+            return None
+        from reprobisect.trace.format import KINDS
+
+        return (KINDS.index(nxt.kind), nxt.seq - 0.5)
 
     def _buffers(self) -> None:
         root = self.rec.primary_module()
@@ -286,6 +356,24 @@ class DistributedObserver:
         for e in self.rec._entries[n:]:
             e.meta = {"buffer": True}
 
+    def _writer(self) -> Any:
+        """The writer whose manifest ``extra`` can be updated (the bootstrap's lazy writer is
+        opened: the step being ended is written to it now anyway), or None."""
+        writer = self.rec.writer
+        if not hasattr(writer, "update_extra") and callable(getattr(writer, "open", None)):
+            try:
+                writer = writer.open()
+            except Exception:
+                return None
+        return writer if hasattr(writer, "update_extra") else None
+
+    def _note_samplers(self) -> None:
+        writer = self._writer()
+        if writer is not None:
+            with self.lock:
+                notes = list(self.samplers)
+            writer.update_extra({"samplers": notes})  # beside extra.distributed, which keeps its five keys
+
     def _note_info(self) -> None:
         from reprobisect.runners.environment import distributed_info
 
@@ -295,10 +383,42 @@ class DistributedObserver:
         self.info = info
         short = {k: info.get(k) for k in ("rank", "local_rank", "world_size", "backend", "device")}
         self.rec.environment_extra["distributed"] = info
-        writer = self.rec.writer
-        if hasattr(writer, "update_extra"):
+        writer = self._writer()
+        if writer is not None:
             old = writer.extra.get("distributed") if hasattr(writer, "extra") else None
             writer.update_extra({"distributed": {**(old if isinstance(old, dict) else {}), **short}})
+
+
+_MAX_SAMPLERS = 4  # samplers noted per process (a training and an evaluation loader, ...)
+_MAX_SAMPLER_NOTES = 8  # epochs noted, all samplers together
+_MAX_BITMAP = 1 << 18  # datasets up to 262144 samples: the epoch's index set as a bitmap (64 KiB of hex)
+
+
+def sampler_epoch(sampler: Any, orig_iter: Callable, k: int, step: int) -> dict[str, Any]:
+    """What one ``DistributedSampler`` epoch hands this rank: the sampler's settings and,
+    for a dataset of up to ``_MAX_BITMAP`` samples, the set of indices as a bitmap (hex,
+    bit i = sample i), so that the ranks' sets can be checked to cover the dataset.
+
+    ``orig_iter(sampler)`` is run once more for the indices: ``DistributedSampler`` draws
+    them from its own generator seeded with ``seed + epoch``, so no random state of the
+    program moves (only a sampler class of torch's own, not a subclass, is asked).
+    """
+    n = len(sampler.dataset)
+    note: dict[str, Any] = {
+        "sampler": k, "step": int(step), "epoch": int(getattr(sampler, "epoch", 0)), "dataset_len": n,
+        "num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank), "seed": int(sampler.seed),
+        "shuffle": bool(sampler.shuffle), "drop_last": bool(sampler.drop_last),
+        "num_samples": int(sampler.num_samples), "total_size": int(sampler.total_size),
+    }
+    if n <= _MAX_BITMAP:
+        idx = [int(i) for i in orig_iter(sampler)]
+        bits = bytearray((n + 7) // 8)
+        for i in idx:
+            if 0 <= i < n:
+                bits[i >> 3] |= 1 << (i & 7)
+        note["drawn"] = len(idx)
+        note["indices"] = bytes(bits).hex()
+    return note
 
 
 def _allreduce_like_ddp(process_group: Any, bucket: Any) -> Any:

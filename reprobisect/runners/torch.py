@@ -264,6 +264,7 @@ class _Entry:
     record: Record | None = None  # already finished (batch ids)
     seq: int = 0
     meta: dict[str, Any] | None = None  # the record's meta (collectives, buffers: runners.distributed_torch)
+    chain: tuple[int, float] | None = None  # its place in chain order when not its kind's (a forward collective)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -855,10 +856,12 @@ class TorchRecorder:
             self._param_names[id(p)] = user_path(path)
             self._watch_grad(p)
 
-    def add_pending(self, kind: str, name: str, pending: fpt.Pending, meta: dict[str, Any] | None = None) -> None:
+    def add_pending(self, kind: str, name: str, pending: fpt.Pending, meta: dict[str, Any] | None = None,
+                    chain: tuple[int, float] | None = None) -> None:
         """Buffer an already begun fingerprint as the step's next record ``kind name``
-        (``runners.distributed_torch``: what entered or left a collective)."""
-        e = _Entry(kind=kind, name=name, pending=pending, meta=meta)
+        (``runners.distributed_torch``: what entered or left a collective); ``chain``: its
+        place in chain order (``(kind rank, seq)``) when not its kind's."""
+        e = _Entry(kind=kind, name=name, pending=pending, meta=meta, chain=chain)
         e.seq = len(self._entries)
         self._entries.append(e)
 
@@ -1493,7 +1496,7 @@ class TorchRecorder:
                 meta=e.meta,
             )
             records.append((e, rec))
-        records.sort(key=lambda er: (_KIND_RANK[er[1].kind], er[0].seq))
+        records.sort(key=lambda er: er[0].chain or (_KIND_RANK[er[1].kind], er[0].seq))
         return records, done_pending
 
     def _pre_clip_norm(self, done_pending: dict[int, tuple[str, dict | None]]) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reprobisect.core.compare import Comparison, Tolerance
+from reprobisect.core.distributed import rerun_unsupported
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.core.verdict import compare_results
 from reprobisect.errors import ReproError
@@ -70,6 +71,9 @@ def escalate(comp: Comparison, a: ProbeResult, b: ProbeResult, executor: Executo
     if comp is None or bool(comp) or not comp.sentinel or comp.first is None:
         return None
     t = comp.first.step
+    unsupported = rerun_unsupported("replay", a.trace_dir, b.trace_dir)  # multi-rank: no replay yet (issue 13)
+    if unsupported:
+        return Escalation(t, 0, None, f"full detail at step {t} is {unsupported}", (a.trace_dir, b.trace_dir))
     # the last state both hold that leaves at least one replayed step before t to check the
     # replay against its run (step t itself may differ run to run: that is the question)
     k = max((s for s in comp.state_steps if s < t - 1), default=None)

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from reprobisect.core.distributed import rerun_unsupported
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.executors.base import Executor
@@ -47,7 +48,7 @@ from reprobisect.trace import Record, Trace, read_trace
 __all__ = ["ZoomResult", "ZoomSide", "run_zoom", "UntrustedTraceError", "untrusted_reruns", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
 
 SEPARATOR = "::"  # same as reprobisect.runners.zoom_torch.SEPARATOR (kept framework-free here)
-VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run", "no_ops")
+VERDICTS = ("origin", "inputs_differ", "agree", "structure", "not_run", "no_ops", "unsupported")
 _INDEX = re.compile(r"\[\d+\]$")
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
@@ -74,7 +75,9 @@ class ZoomResult:
     differ), ``agree`` (every op identical in the re-run), ``structure`` (the op sequences
     differ: ``op`` is the first op present on one side only), ``not_run`` (the module did
     not run at that step on some side), ``no_ops`` (it ran on both sides without issuing
-    an op: ``Identity``, ``Dropout(p=0)``, eval-mode dropout pass their input through).
+    an op: ``Identity``, ``Dropout(p=0)``, eval-mode dropout pass their input through),
+    ``unsupported`` (nothing was re-run: a side is a multi-rank trace, whose re-run with the
+    zoom is not implemented yet; ``detail`` says so).
     """
 
     module: str
@@ -109,6 +112,8 @@ class ZoomResult:
             if self.stats_a and self.stats_b:
                 s += f"; output norm {self.stats_a.get('norm')} vs {self.stats_b.get('norm')}"
             return s + (f" ({self.ops_a} ops compared)" if self.ops_a else "")
+        if self.verdict == "unsupported":
+            return f"zoom into {where}: {self.detail}"
         return f"zoom into {where}: {self.verdict}: {self.detail}"
 
     def to_json(self) -> dict[str, Any]:
@@ -309,6 +314,9 @@ def run_zoom(
     re-run only with ``trust=True`` or when ``confirm(text)`` returns True (``text``
     names what would run); otherwise ``UntrustedTraceError`` is raised before anything runs.
     """
+    unsupported = rerun_unsupported("zoom", *(x.path if isinstance(x, Trace) else x for x in (a, b)))
+    if unsupported:  # a torchrun/job-script command: its ranks are not re-run with the zoom (yet)
+        return _unsupported(divergence, module, step, unsupported)
     ta = a if isinstance(a, Trace) else read_trace(a, allow_incomplete=True)
     tb = b if isinstance(b, Trace) else read_trace(b, allow_incomplete=True)
     if module is None or step is None:
@@ -345,6 +353,21 @@ def run_zoom(
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _unsupported(divergence: Any, module: str | None, step: int | None, why: str) -> ZoomResult:
+    """The zoom's answer for a side it cannot re-run: nothing ran, ``why`` says so."""
+    d = divergence
+    if d is not None and hasattr(d, "first") and not hasattr(d, "kind"):  # a Comparison
+        d = d.origin or d.first
+    step = step if step is not None else getattr(d, "step", None)
+    if module is None:
+        kind, name = getattr(d, "kind", None), getattr(d, "name", None)
+        module = _INDEX.sub("", name) if kind == "activation" and name else ""
+    rank = getattr(d, "rank", None)
+    at = f"; the divergence is on rank {rank}" if rank is not None else ""
+    return ZoomResult(module=module, step=int(step) if step is not None else -1, verdict="unsupported",
+                      detail=why + at)
 
 
 def _confirm_reruns(lines: list[str], confirm: Callable[[str], bool] | None) -> None:
