@@ -207,6 +207,9 @@ def judge_flat(sealed: Outcome | None, rc: int, err: str, unrecorded: list[dict[
         d.update(detail=detail + note, returncode=rc)
         return Outcome(**d)
     last = _last_line(err)
+    busy = _port_in_use(err) if rc != 0 else None
+    if busy is not None:
+        return Outcome(Status.INFRA, detail=busy, returncode=rc)
     if rc in (126, 127):
         return Outcome(Status.SKIP, detail=f"the command could not start a program (status {rc}): {last}", returncode=rc)
     if rc != 0:
@@ -215,6 +218,27 @@ def judge_flat(sealed: Outcome | None, rc: int, err: str, unrecorded: list[dict[
     return Outcome(Status.NO_STEPS, returncode=rc, detail=(
         "the command ended without an optimizer step in any Python process it started (none imported torch, "
         "or none stepped an optimizer)" + note))
+
+
+_ADDR_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+_PORT = re.compile(r"\bport[:= ]+(\d{2,5})\b")
+
+
+def _port_in_use(err: str) -> str | None:
+    """A rendezvous that could not bind its port (before any step): infra, not the code's crash.
+
+    Two probes running at once (``--jobs``) with a port fixed on the command line
+    (``--master_port``, ``--rdzv-endpoint``, ``MASTER_PORT`` set by the user) both bind it;
+    one fails with ``EADDRINUSE``. That says nothing about the commit under test, so it must
+    not count as a crash (a "bad" commit, then "flaky" on re-check)."""
+    if not _ADDR_IN_USE.search(err or ""):
+        return None
+    m = _PORT.search(err or "")
+    port = f" {m.group(1)}" if m else ""
+    return (f"the rendezvous port{port} was already in use (EADDRINUSE) before any optimizer step: another probe "
+            "running at once (--jobs) or another job holds it. A port fixed in the command (--master_port, "
+            "--rdzv-endpoint, MASTER_PORT) is kept as given: leave it out (torchrun --standalone, or the free "
+            "MASTER_PORT each probe gets) or run one probe at a time (--jobs 1)")
 
 
 def _last_line(text: str) -> str:
