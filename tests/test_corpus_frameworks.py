@@ -247,12 +247,18 @@ def _named(commit: str, res: dict) -> bool:
 
 
 def test_runs_over_a_history_of_a_ddp_script_names_the_commit_and_the_rank(tmp_path):
-    """Issue 13's test: the learning rate of a DDP script changes in one commit of three;
-    two torchrun probes run at once (-j 2), each with its own rendezvous."""
+    """Issue 13's test: the learning rate of a DDP script changes in one commit of three.
+    The command fixes its rendezvous port, as job scripts do, and two probes start at once
+    (-j 2): the one that finds the port taken is retried alone (before: a skipped commit,
+    or a "crashed" bad one, and no answer)."""
     repo, good, bad = _history(tmp_path, {"train.py": "ddp_torchrun.py"},
                                ("train.py", '"--lr", type=float, default=0.05', '"--lr", type=float, default=0.08'))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
     proc, res = _bisect(repo, "runs", "--good", good, "--bad", "HEAD", "--json", "-q", "--steps", STEPS, "-j", "2",
-                        "--", "torchrun", "--standalone", "--nproc_per_node", "2", "train.py")
+                        "--", "torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", port,
+                        "train.py")
     assert proc.returncode == 0 and res["found"] and _named(bad, res), _say(proc)
     first = res["divergence"]["first"]
     assert first["step"] == 0 and first["rank"] == 0 and first["differ_ranks"] == [1], first

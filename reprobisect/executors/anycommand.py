@@ -25,7 +25,8 @@ from typing import Any
 from reprobisect.core.outcome import Outcome, Status
 from reprobisect.trace import ranks
 
-__all__ = ["tree_pids", "signal_tree", "clear_trace", "read_shards", "judge_ranks", "judge_flat", "assemble"]
+__all__ = ["tree_pids", "signal_tree", "clear_trace", "read_shards", "judge_ranks", "judge_flat", "assemble",
+           "PORT_IN_USE", "port_in_use"]
 
 
 # --------------------------------------------------------------------------- the process tree
@@ -220,6 +221,15 @@ def judge_flat(sealed: Outcome | None, rc: int, err: str, unrecorded: list[dict[
         "or none stepped an optimizer)" + note))
 
 
+PORT_IN_USE = "was already in use (EADDRINUSE)"
+"""Words of an ``infra`` outcome whose rendezvous port another process held (``port_in_use``)."""
+
+
+def port_in_use(outcome: Outcome) -> bool:
+    """Whether ``outcome`` is a rendezvous that could not bind its port: worth a retry alone."""
+    return outcome.status is Status.INFRA and PORT_IN_USE in (outcome.detail or "")
+
+
 _ADDR_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 _PORT = re.compile(r"\bport[:= ]+(\d{2,5})\b")
 
@@ -235,7 +245,7 @@ def _port_in_use(err: str) -> str | None:
         return None
     m = _PORT.search(err or "")
     port = f" {m.group(1)}" if m else ""
-    return (f"the rendezvous port{port} was already in use (EADDRINUSE) before any optimizer step: another probe "
+    return (f"the rendezvous port{port} {PORT_IN_USE} before any optimizer step: another probe "
             "running at once (--jobs) or another job holds it. A port fixed in the command (--master_port, "
             "--rdzv-endpoint, MASTER_PORT) is kept as given: leave it out (torchrun --standalone, or the free "
             "MASTER_PORT each probe gets) or run one probe at a time (--jobs 1)")
