@@ -12,6 +12,7 @@ scripts through the commands; this file runs these four the way a user would
   DDP names the rank (``step · rank · stage · tensor``);
 - ``seeds`` maps the components sensibly (what the script's seed drives is ``changed``);
 - ``envs`` with a variable that changes nothing agrees;
+- ``probe`` reads a multi-rank reference;
 - ``runs`` over a real git history names the commit (for DDP: the commit and the rank; issue 13).
 
 What tests/test_tensorflow.py already covers for Keras (repro eager, unseeded dropout and
@@ -160,6 +161,22 @@ def test_a_changed_training_hyperparameter_diverges_at_step_0(name, captures, wo
         assert first["rank"] == 0 and first["differ_ranks"] == [1], first
         text = _run([*BISECT, "compare", str(a), str(b)], work)
         assert re.search(r"step 0 · rank 0 · param · module\.0\.weight", text.stdout), _say(text)
+
+
+# -- probe (git bisect run) ---------------------------------------------------------------------
+def test_probe_against_a_ddp_reference_is_good_for_the_same_command_and_bad_for_another(captures, work):
+    """``bisect probe`` reads a multi-rank reference: the same torchrun command matches it
+    (exit 0, another rendezvous port is no difference); the job script's reference is not
+    matched by a run with another seed (exit 1)."""
+    pa, _, a = captures.get("ddp")
+    assert pa.returncode == 0, _say(pa)
+    proc, res = _bisect(work, "probe", "--json", "--reference", str(a), "--steps", STEPS, "--", *COMMANDS["ddp"][0])
+    assert proc.returncode == 0 and res["verdict"]["verdict"] == "good", _say(proc)
+    pj, _, j = captures.get("job")
+    assert pj.returncode == 0, _say(pj)
+    proc, res = _bisect(work, "probe", "--json", "--reference", str(j), "--steps", STEPS, "--", "bash", "job.sh", "--seed", "1")
+    assert proc.returncode == 1 and res["verdict"]["verdict"] == "bad", _say(proc)
+    assert res["verdict"]["comparison"]["first"]["step"] == 0, res["verdict"]["comparison"]["first"]
 
 
 # -- repro -------------------------------------------------------------------------------------
