@@ -25,7 +25,8 @@ from typing import Any
 from reprobisect.core.outcome import Outcome, Status
 from reprobisect.trace import ranks
 
-__all__ = ["tree_pids", "signal_tree", "clear_trace", "read_shards", "judge_ranks", "judge_flat", "assemble"]
+__all__ = ["tree_pids", "signal_tree", "clear_trace", "read_shards", "judge_ranks", "judge_flat", "assemble",
+           "PORT_IN_USE", "port_in_use"]
 
 
 # --------------------------------------------------------------------------- the process tree
@@ -207,6 +208,9 @@ def judge_flat(sealed: Outcome | None, rc: int, err: str, unrecorded: list[dict[
         d.update(detail=detail + note, returncode=rc)
         return Outcome(**d)
     last = _last_line(err)
+    busy = _port_in_use(err) if rc != 0 else None
+    if busy is not None:
+        return Outcome(Status.INFRA, detail=busy, returncode=rc)
     if rc in (126, 127):
         return Outcome(Status.SKIP, detail=f"the command could not start a program (status {rc}): {last}", returncode=rc)
     if rc != 0:
@@ -215,6 +219,36 @@ def judge_flat(sealed: Outcome | None, rc: int, err: str, unrecorded: list[dict[
     return Outcome(Status.NO_STEPS, returncode=rc, detail=(
         "the command ended without an optimizer step in any Python process it started (none imported torch, "
         "or none stepped an optimizer)" + note))
+
+
+PORT_IN_USE = "was already in use (EADDRINUSE)"
+"""Words of an ``infra`` outcome whose rendezvous port another process held (``port_in_use``)."""
+
+
+def port_in_use(outcome: Outcome) -> bool:
+    """Whether ``outcome`` is a rendezvous that could not bind its port: worth a retry alone."""
+    return outcome.status is Status.INFRA and PORT_IN_USE in (outcome.detail or "")
+
+
+_ADDR_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+_PORT = re.compile(r"\bport[:= ]+(\d{2,5})\b")
+
+
+def _port_in_use(err: str) -> str | None:
+    """A rendezvous that could not bind its port (before any step): infra, not the code's crash.
+
+    Two probes running at once (``--jobs``) with a port fixed on the command line
+    (``--master_port``, ``--rdzv-endpoint``, ``MASTER_PORT`` set by the user) both bind it;
+    one fails with ``EADDRINUSE``. That says nothing about the commit under test, so it must
+    not count as a crash (a "bad" commit, then "flaky" on re-check)."""
+    if not _ADDR_IN_USE.search(err or ""):
+        return None
+    m = _PORT.search(err or "")
+    port = f" {m.group(1)}" if m else ""
+    return (f"the rendezvous port{port} {PORT_IN_USE} before any optimizer step: another probe "
+            "running at once (--jobs) or another job holds it. A port fixed in the command (--master_port, "
+            "--rdzv-endpoint, MASTER_PORT) is kept as given: leave it out (torchrun --standalone, or the free "
+            "MASTER_PORT each probe gets) or run one probe at a time (--jobs 1)")
 
 
 def _last_line(text: str) -> str:

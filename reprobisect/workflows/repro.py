@@ -25,6 +25,7 @@ from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.core.compare import Comparison
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
+from reprobisect.executors.anycommand import port_in_use
 from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.render.runs import divergence_place
 from reprobisect.workflows.escalate import Escalation, escalate, escalate_or_why, not_replayable
@@ -233,8 +234,11 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
         results = []
         for i, f in enumerate(futures):
             p.update(f"run {i}")
-            results.append(retry(ex, f.result()))
+            r = f.result()
+            results.append(r if port_in_use(r.outcome) else retry(ex, r))
             p.advance()
+        # a run whose rendezvous port another run held (a port fixed in the command, --jobs): again, alone
+        results = [retry(ex, r) if port_in_use(r.outcome) else r for r in results]
         if not all(r.outcome for r in results):
             crashed = next(r for r in results if not r.outcome)
             tail = crashed.last_lines(10)

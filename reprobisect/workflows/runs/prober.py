@@ -11,12 +11,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from reprobisect.core.verdict import classify
-from reprobisect.executors.retry import run_with_retry
+from reprobisect.executors.anycommand import port_in_use
+from reprobisect.executors.retry import retry
 from reprobisect.core.session import ResultCache, cache_key, probe_environment
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
 from reprobisect.render.runs import divergence_place, verdict_reason
@@ -49,6 +51,42 @@ class Judged:
     """The last lines of the command's output when the probe crashed."""
 
 
+class _Gate:
+    """Probes run side by side (``shared``), or one alone once the others ended (``alone``);
+    a waiting ``alone`` holds new ``shared`` entries back so it is not starved."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._running = 0
+        self._alone = 0  # waiting or running alone
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cv:
+            self._cv.wait_for(lambda: self._alone == 0)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._running -= 1
+                self._cv.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cv:
+            self._alone += 1
+            self._cv.wait_for(lambda: self._running == 0)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._running -= 1
+                self._alone -= 1
+                self._cv.notify_all()
+
+
 class Prober:
     """Runs and judges probes of one session (thread-safe: controller threads call ``judge``)."""
 
@@ -68,6 +106,7 @@ class Prober:
         self._lock = threading.Lock()
         self.runs = 0
         self.stopping = False
+        self._gate = _Gate()
 
     def key(self, commit: str, full_steps: tuple[int, ...] | None = None) -> str:
         """The cache key of a probe of ``commit`` in this session."""
@@ -169,8 +208,18 @@ class Prober:
         return v, "", res
 
     def _run_once(self, commit: str, full_steps: tuple[int, ...] | None = None) -> ProbeResult:
-        """One probe with infrastructure retries (timeout / infra re-run ``retries`` times)."""
-        return run_with_retry(self.executor, self._spec(commit, full_steps), self.cfg.retries, before_each=self._count_run)
+        """One probe with infrastructure retries (timeout / infra re-run ``retries`` times).
+
+        A probe whose rendezvous port was taken (a port fixed in the command, two probes at
+        once under ``--jobs``) is retried alone: once no other probe of this search runs."""
+        spec = self._spec(commit, full_steps)
+        with self._gate.shared():
+            self._count_run()
+            res = self.executor.submit(spec).result()
+            if not port_in_use(res.outcome):
+                return retry(self.executor, res, self.cfg.retries, before_each=self._count_run)
+        with self._gate.alone():
+            return retry(self.executor, res, self.cfg.retries, before_each=self._count_run)
 
     def _count_run(self) -> None:
         if self.stopping:
