@@ -364,7 +364,7 @@ def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
             "evaluation its own torch.Generator to keep training independent of it")
 
 
-def _layers_hidden(trace: Any) -> str | None:
+def layers_hidden(trace: Any) -> str | None:
     """Why a trace holds no layer outputs (a TensorFlow graph-mode or XLA ``fit``), or None."""
     extra = getattr(getattr(trace, "manifest", None), "extra", None) or {}
     why = (extra.get("tensorflow") or {}).get("layer_outputs") if isinstance(extra, dict) else None
@@ -377,7 +377,7 @@ def hidden_layers_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
     first = getattr(comp, "first", None)
     if first is None or first.kind not in ("output", "loss", "grad", "param", "optim_state"):
         return None
-    why = _layers_hidden(trace_a) or _layers_hidden(trace_b)
+    why = layers_hidden(trace_a) or layers_hidden(trace_b)
     if why is None:
         return None
     return (f"layer outputs were {why}, so the first difference can only show at the model's {first.kind}; to name "

@@ -51,6 +51,7 @@ from reprobisect.errors import UsageError
 from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult
 from reprobisect.core.compare import Comparison
+from reprobisect.core.hints import layers_hidden
 from reprobisect.core.options import ProbeOptions
 from reprobisect.core.verdict import compare_results
 from reprobisect.executors.retry import retry
@@ -383,7 +384,8 @@ def _init_by_samples(a: Trace | None, b: Trace | None, sa: Step, sb: Step) -> Fi
     return None
 
 
-def _dropout(pairs: list[StepPair]) -> Finding:
+def _dropout(pairs: list[StepPair], hidden: str | None = None) -> Finding:
+    """``hidden``: why the traces hold no layer outputs (``hints.layers_hidden``), if so."""
     present = False
     comparable = 0
     for sa, sb in pairs:
@@ -398,6 +400,9 @@ def _dropout(pairs: list[StepPair]) -> Finding:
             comparable += 1
             if o.fingerprint != r.fingerprint:
                 return Finding("changed", f"step {sa.step}: '{r.name}' ({r.module or 'dropout'}) masks identical inputs differently")
+    if not present and hidden is not None:
+        return Finding("unknown", f"layer outputs were {hidden}, so dropout cannot be seen (REPROBISECT_TF_EAGER=1 "
+                                  "records every layer's output)")
     if not present:
         return Finding("absent", "no Dropout-like module recorded")
     if comparable:
@@ -452,7 +457,7 @@ def seed_map(traces: list[Trace], seeds: tuple[str, ...]) -> tuple[ComponentSens
         per["data_order"].append(Finding(order.status, order.evidence))
         per["augmentation"].append(_augmentation(pairs, ids_equal, traces[0], other))
         per["init"].append(_init(pairs, traces[0], other))
-        per["dropout"].append(_dropout(pairs))
+        per["dropout"].append(_dropout(pairs, layers_hidden(traces[0]) or layers_hidden(other)))
         per["loss"].append(_loss(pairs))
         if pairs and pairs[0][0].batch_ids is not None:
             sequential = _sequential(pairs[0][0].batch_ids) and ids_equal
