@@ -36,7 +36,7 @@ def tree_pids(token: str | None) -> list[int]:
     """Live processes (this user's) whose environment carries the probe ``token``."""
     if not token:
         return []
-    from reprobisect.runners.bootstrap.claims import ENV_PROBE
+    from reprobisect.runners.claims import ENV_PROBE
 
     needle = f"{ENV_PROBE}={token}".encode()
     me = os.getpid()

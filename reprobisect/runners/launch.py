@@ -74,7 +74,7 @@ from typing import Any, Sequence
 from reprobisect import native
 from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
-from reprobisect.runners.bootstrap.watch import Activator as _Activator
+from reprobisect.runners.watch import Activator as _Activator
 from reprobisect.runners.environment import collect_environment, revision_of
 from reprobisect.runners.registry import RecorderEntry, recorders
 from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS
@@ -458,7 +458,7 @@ def _claim_process() -> None:
     """This process records through the launcher: a bootstrap that ``sitecustomize`` started
     here (the probe's folder on PYTHONPATH) stands down, and the flat trace is this one's
     (bootstrapped child processes that are not ranks do not take it)."""
-    from reprobisect.runners.bootstrap import claims
+    from reprobisect.runners import claims
 
     claims.stand_down()
     claims.claim_flat()

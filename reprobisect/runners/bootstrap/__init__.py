@@ -8,7 +8,7 @@ launcher's options, the recorders' trigger modules) and puts the folder first on
 command's ``PYTHONPATH``, with ``REPROBISECT_BOOT`` naming the config. Every Python
 process the command starts then runs ``start()`` at interpreter start-up:
 
-- It installs the launcher's import watcher (``bootstrap.watch.Activator``) and nothing
+- It installs the launcher's import watcher (``runners.watch.Activator``) and nothing
   else: a process that never imports a framework (bash's ``python`` helpers, a data
   preparation script) pays a JSON read. Launcher processes are left alone: ``python -m
   reprobisect.runners.launch`` (which records by itself; ``launch._claim_process`` stands
@@ -53,7 +53,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from reprobisect.runners.bootstrap.claims import ENV_CONFIG, ENV_PROBE, claim_flat, stand_down, stood_down
+from reprobisect.runners.claims import ENV_CONFIG, ENV_PROBE, claim_flat, stand_down, stood_down
 
 __all__ = ["ENV_CONFIG", "ENV_PROBE", "prepare", "start", "stand_down", "claim_flat", "unrecorded", "crash_times",
            "recording_ended", "distributed_info", "LAUNCHER_MODULES"]
@@ -247,7 +247,7 @@ class _Boot:
         self._prev_hook = sys.excepthook
 
     def watch(self) -> None:
-        from reprobisect.runners.bootstrap.watch import Activator
+        from reprobisect.runners.watch import Activator
 
         names = set(self.cfg.get("triggers") or ())
         if any(n in sys.modules for n in names):
@@ -255,7 +255,7 @@ class _Boot:
             return
         self.activator = Activator(names, self._on_import)
         sys.meta_path.insert(0, self.activator)
-        from reprobisect.runners.bootstrap import claims
+        from reprobisect.runners import claims
 
         claims.watching(self.activator)
 
