@@ -88,14 +88,17 @@ the run as ``no_steps``.
 Scalars per step: ``loss`` (the loss record when the step has one; with accumulation the
 sum of its micro-losses, which is the mean loss when each was divided by their number, and
 ``losses``, each), ``lr`` (per group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
-``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
+``no_grad_params``, ``no_gradients``, ``frozen_params`` (step 0, only when some are: the
+``init`` parameters with ``requires_grad=False``), ``scaler_scale`` (GradScaler, when enabled),
 ``scaler_skipped`` (true on a step whose inf/NaN gradients made the GradScaler skip
 ``optimizer.step()``: the step has no ``param``/``optim_state`` records, and its
 gradients do not count as ``first_nonfinite``),
 ``data_wait_s`` (time inside the DataLoader's ``__next__``), ``record_s`` (time in the
 recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
-made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
+made otherwise), ``eval_mode_layers`` (only when some are: the model's dropout/batch-norm
+layers in eval mode during its training forward; an evaluation run's ``train_mode_layers``
+are those in training mode under ``no_grad``/``inference_mode``), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
 NaN/Inf, in chain order).
 
 Detail (``RecordPolicy.detail``): ``full`` records all of the above. ``sentinel`` records
@@ -927,6 +930,14 @@ class TorchRecorder:
         self.add_root(module)
         if module.training:
             self._train_mode_roots.add(id(module))
+        if id(module) == self._primary and "eval_mode_layers" not in self._scalars:
+            cache = self.__dict__.setdefault("_mode_cache", {})
+            layers = cache.get(id(module))
+            if layers is None:
+                layers = cache[id(module)] = _mode_layers(module)  # once per model: modules rarely change
+            names = [n for n, m in layers if not m.training]
+            if names:  # the model trains with dropout/batch norm in eval mode (doctor's ``modes``)
+                self._scalars["eval_mode_layers"] = names[:_MODE_NAMES]
         self._trained = True
         self._eval_cur = None
         if not self.prefetch:
@@ -964,6 +975,8 @@ class TorchRecorder:
         if id(p) not in self._init_params:
             self._init_params.add(id(p))
             self._add("init", name, p, fresh=True)
+            if not p.requires_grad:  # frozen on purpose or not: doctor's update check tells them apart
+                self._scalars.setdefault("frozen_params", []).append(name)
 
     # -- evaluation -----------------------------------------------------------------
 
@@ -983,6 +996,10 @@ class TorchRecorder:
     def _eval_forward(self, module: torch.nn.Module) -> None:
         run = self._eval_run()
         run["forwards"] += 1
+        if run["forwards"] == 1 and run["phase"] in ("no_grad", "inference_mode") and module.training:
+            names = [n for n, m in _mode_layers(module) if m.training]
+            if names:  # evaluation with dropout/batch norm in training mode (doctor's ``modes``)
+                run["train_mode_layers"] = names[:_MODE_NAMES]
         if self.phase is None:
             for b in self._batches:
                 b.seen_by.add(id(module))
@@ -1020,6 +1037,7 @@ class TorchRecorder:
                 "ids_fingerprint": record_array("ids", "batch", ids).fingerprint if ids is not None else None,
                 "outputs_fingerprint": _combine(outs) if outs else None,
                 "outputs_fingerprinted": len(outs),
+                **({"train_mode_layers": r["train_mode_layers"]} if r.get("train_mode_layers") else {}),
             })
         return out
 
@@ -1628,6 +1646,22 @@ class TorchRecorder:
 
 
 _EVAL_OUTPUTS = 16
+_MODE_NAMES = 16
+"""Most layer names ``eval_mode_layers`` / ``train_mode_layers`` list."""
+
+
+def _mode_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers of ``module`` whose behaviour ``train()``/``eval()`` changes: dropout with
+    p > 0 and batch norm that tracks running statistics, by their path."""
+    from torch.nn.modules import batchnorm, dropout
+
+    drop = getattr(dropout, "_DropoutNd", torch.nn.Dropout)
+    norm = getattr(batchnorm, "_BatchNorm", torch.nn.BatchNorm1d)
+    out = []
+    for path, m in module.named_modules():
+        if (isinstance(m, drop) and m.p > 0) or (isinstance(m, norm) and m.track_running_stats):
+            out.append((user_path(path) or type(m).__name__, m))
+    return out
 """Root outputs of one evaluation run whose fingerprints go into its summary."""
 @contextlib.contextmanager
 def _gc_paused() -> Any:

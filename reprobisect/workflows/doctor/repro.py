@@ -25,7 +25,7 @@ def _cause(kind: str, name: str, module: str | None, localization: str) -> tuple
     if kind == "init":
         return ("the initial parameters differ between two runs: the model's initialisation is not seeded",
                 "call torch.manual_seed(SEED) (or lightning's seed_everything) before the model is built")
-    if kind == "batch" and name == "ids":
+    if kind == "batch" and name in ("ids", "<batch_ids>"):
         return ("the two runs draw different samples in the same step: the data order (shuffle/sampler) is not seeded",
                 "give the DataLoader a seeded generator (generator=torch.Generator().manual_seed(SEED)) and seed its "
                 "workers (worker_init_fn)")
@@ -44,6 +44,19 @@ def _cause(kind: str, name: str, module: str | None, localization: str) -> tuple
             "`bisect repro --runs 3 -- CMD` shows the whole comparison")
 
 
+def _also(first: Any, rest: tuple[Any, ...]) -> list[tuple[str, str]]:
+    """Other missing seed controls the same step shows (an unseeded init besides an unseeded
+    data order): the causes of differences at ``init`` or in the batch IDs after the first."""
+    out, seen = [], {(first.kind, first.name in ("ids", "<batch_ids>"))}
+    for d in rest:
+        key = (d.kind, d.name in ("ids", "<batch_ids>"))
+        if d.step != first.step or key in seen or not (d.kind == "init" or key == ("batch", True)):
+            continue
+        seen.add(key)
+        out.append(_cause(d.kind, d.name, d.module, d.localization))
+    return out
+
+
 def repro_findings(result: ReproResult) -> list[Finding]:
     """The finding of a finished ``run_repro``: identical (info), or the first difference (warning)."""
     first = result.first_difference
@@ -57,8 +70,13 @@ def repro_findings(result: ReproResult) -> list[Finding]:
         return [Finding("repro", "warning", f"the two runs differ in structure: {comp.structure}",
                         {"structure": comp.structure}, "`bisect repro -- CMD` shows the whole comparison")]
     cause, nxt = _cause(d.kind, d.name, d.module, d.localization)
+    also = _also(d, comp.next)
+    if also:
+        cause += "; also " + "; and ".join(c for c, _ in also)
+        nxt += "; " + "; ".join(n for _, n in also)
     ev: dict[str, Any] = {"step": d.step, "tensor": f"{d.kind} '{d.name}'", "module": d.module,
-                          "localization": d.localization, "verdict": d.verdict, "tolerance": result.tolerance.mode}
+                          "localization": d.localization, "verdict": d.verdict, "tolerance": result.tolerance.mode,
+                          "next_differences": [f"step {x.step} {x.kind} '{x.name}'" for x in comp.next[:5]]}
     if d.diff.max_abs is not None:
         ev["max_abs"] = d.diff.max_abs
     if d.diff.stat_deltas:
