@@ -26,14 +26,15 @@ def _script(name: str) -> list[str]:
     return [sys.executable, str(EXAMPLES / f"{name}.py")]
 
 
-def _diagnose(name: str, checks: tuple[str, ...] = ("finite", "update", "modes"), steps: int = STEPS) -> Diagnosis:
+def _diagnose(name: str, checks: tuple[str, ...] = ("finite", "update", "modes", "contract"), steps: int = STEPS) -> Diagnosis:
     return run_doctor(_script(name), ProbeOptions(steps=steps, quiet=True), checks=checks)
 
 
 @pytest.fixture(scope="module")
 def single_runs() -> dict[str, Diagnosis]:
     """The one-run checks on each planted-bug script (one recorded run each)."""
-    names = ("detached", "optimizer_copy", "lr_zero", "detach_backward", "eval_train_mode", "no_train_after_eval")
+    names = ("detached", "optimizer_copy", "lr_zero", "detach_backward", "eval_train_mode", "no_train_after_eval",
+             "broadcast_mse", "softmax_ce")
     return {name: _diagnose(name) for name in names}
 
 
@@ -172,6 +173,25 @@ def test_a_planted_bug_leaves_the_other_checks_at_info(single_runs):
     for name in ("optimizer_copy", "eval_train_mode"):
         d = single_runs[name]
         assert [f.severity for f in d.findings].count("info") == len(d.findings) - 1, d
+
+
+# ----------------------------------------------------------------------------- contract
+
+
+@pytest.mark.slow
+def test_n1_against_n_broadcasting_to_nn_in_a_hand_written_loss_is_named(single_runs):
+    f = _top(single_runs["broadcast_mse"])
+    assert (f.check, f.severity) == ("contract", "error"), single_runs["broadcast_mse"]
+    assert (f.evidence["from"], f.evidence["to"]) == ([16, 1], [16, 16])
+    assert "[16, 1] against targets of shape [16] into [16, 16]" in f.cause
+
+
+@pytest.mark.slow
+def test_softmax_into_cross_entropy_is_named(single_runs):
+    f = _top(single_runs["softmax_ce"])
+    assert (f.check, f.severity) == ("contract", "error"), single_runs["softmax_ce"]
+    assert "probabilities" in f.cause and "logits" in f.cause
+    assert f.evidence["classes"] == 3 and f.evidence["shape"] == [16, 3]
 
 
 # ----------------------------------------------------------------------------- healthy

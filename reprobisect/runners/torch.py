@@ -98,7 +98,8 @@ recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
 made otherwise), ``eval_mode_layers`` (only when some are: the model's dropout/batch-norm
 layers in eval mode during its training forward; an evaluation run's ``train_mode_layers``
-are those in training mode under ``no_grad``/``inference_mode``), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
+are those in training mode under ``no_grad``/``inference_mode``), ``loss_broadcast`` (step 0,
+only when found: an op of the loss expression that broadcast ``[N,1]`` against ``[N]`` to ``[N,N]``), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
 NaN/Inf, in chain order).
 
 Detail (``RecordPolicy.detail``): ``full`` records all of the above. ``sentinel`` records
@@ -730,6 +731,10 @@ class TorchRecorder:
         for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
             if isinstance(t, torch.Tensor):
                 self._add("loss", "loss", t)
+                if self.step == 0 and "loss_broadcast" not in self._scalars:
+                    found = _loss_broadcast(t)
+                    if found:  # [N,1] against [N] made [N,N] on the way to the loss (doctor's ``contract``)
+                        self._scalars["loss_broadcast"] = found
         self._record_s += time.perf_counter() - t0
 
     @_hook
@@ -1647,6 +1652,64 @@ class TorchRecorder:
 
 _EVAL_OUTPUTS = 16
 _MODE_NAMES = 16
+_GRAPH_NODES = 64
+"""Autograd nodes ``_loss_broadcast`` looks at, from the loss back (the loss expression)."""
+
+
+def _shape_of(fn: Any, i: int) -> tuple[int, ...] | None:
+    """The shape of output ``i`` of autograd node ``fn`` (None when torch does not say)."""
+    try:
+        if type(fn).__name__ == "AccumulateGrad":
+            return tuple(fn.variable.shape)
+        return tuple(fn._input_metadata[i].shape)
+    except Exception:
+        return None
+
+
+def _builtin_broadcast(node: Any) -> dict[str, Any] | None:
+    """A regression loss (mse/l1/smooth_l1/huber) given ``[N, 1]`` predictions and ``[N]``
+    targets: it broadcasts them to ``[N, N]`` (an expand of the ``[N, 1]`` side; torch only warns)."""
+    name = type(node).__name__
+    if name == "ExpandBackward0":  # F.mse_loss & co. broadcast their arguments with an expand first
+        src, out = tuple(node._saved_self_sym_sizes), _shape_of(node, 0)
+        if len(src) == 2 and src[1] == 1 and src[0] > 1 and out == (src[0], src[0]):
+            return {"op": name, "from": [src[0], 1], "to": [src[0], src[0]]}
+        return None
+    if name not in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"):
+        return None
+    a, b = tuple(node._saved_self.shape), tuple(node._saved_target.shape)
+    for p, t in ((a, b), (b, a)):
+        if len(p) == 2 and p[1] == 1 and p[0] > 1 and t == (p[0],):
+            return {"op": type(node).__name__, "from": [p[0], 1], "to": [p[0], p[0]]}
+    return None
+
+
+def _loss_broadcast(loss: torch.Tensor) -> dict[str, Any] | None:
+    """The first op between the model and ``loss`` that broadcasts an ``[N, 1]`` tensor
+    against an ``[N]`` one (or a constant: the labels) into ``[N, N]``, as
+    ``{"op", "from", "to"}``; None when none (or the graph cannot be read). Pairwise
+    expressions (``[N, 1]`` against ``[1, N]``, both from the model) are not reported."""
+    try:
+        todo, seen = [loss.grad_fn], 0
+        while todo and seen < _GRAPH_NODES:
+            node = todo.pop(0)
+            seen += 1
+            if node is None:
+                continue
+            hit = _builtin_broadcast(node)
+            if hit:
+                return hit
+            out = _shape_of(node, 0)
+            parents = [(f, _shape_of(f, i)) if f is not None else (None, None) for f, i in node.next_functions]
+            if out is not None and len(out) == 2 and out[0] == out[1] > 1 and len(parents) == 2:
+                n = out[0]
+                shapes = [sh for _, sh in parents]
+                if (n, 1) in shapes and all(sh in (None, (n, 1), (n,)) for sh in shapes):
+                    return {"op": type(node).__name__, "from": [n, 1], "to": [n, n]}
+            todo += [f for f, _ in parents if f is not None]
+    except Exception:
+        return None
+    return None
 """Most layer names ``eval_mode_layers`` / ``train_mode_layers`` list."""
 
 

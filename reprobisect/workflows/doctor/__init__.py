@@ -3,7 +3,7 @@
 ``run_doctor(argv, options, checks=...)`` runs the command through the same probe path as
 ``bisect capture`` (the launcher and its recorder; nothing in the script changes) and
 reads the trace; it imports no ML framework. The checks that observe one run (``finite``,
-``update``, ``modes``) share one recording at full detail that stops at the first NaN/Inf;
+``update``, ``modes``, ``contract``) share one recording at full detail that stops at the first NaN/Inf;
 ``repro`` runs the command twice and compares (``reprobisect.workflows.repro``). It
 returns a ``Diagnosis``: every ``Finding``, most important first (``render.doctor``
 prints it).
@@ -21,6 +21,7 @@ from typing import Sequence
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import UsageError
 from reprobisect.workflows.doctor.finite import check_finite, first_nonfinite
+from reprobisect.workflows.doctor.contract import check_contract
 from reprobisect.workflows.doctor.modes import check_modes
 from reprobisect.workflows.doctor.model import CHECKS, Diagnosis, Finding, ranked
 from reprobisect.workflows.doctor.repro import check_repro
@@ -32,7 +33,7 @@ __all__ = ["CHECKS", "DEFAULT_STEPS", "Diagnosis", "Finding", "parse_checks", "r
 DEFAULT_STEPS = 10
 """Optimizer steps the doctor records when ``--steps`` is not given: enough for a loss to
 move (or visibly not), and for a NaN a few batches in."""
-_SINGLE = ("finite", "update", "modes")
+_SINGLE = ("finite", "update", "modes", "contract")
 
 
 def parse_checks(names: Sequence[str] | None) -> tuple[str, ...]:
@@ -105,4 +106,6 @@ def _single_run(argv: list[str], options: ProbeOptions, todo: tuple[str, ...], b
         findings += check_update(run.trace)
     if "modes" in todo:
         findings += check_modes(run.trace)
+    if "contract" in todo:
+        findings += check_contract(run.trace)
     return findings

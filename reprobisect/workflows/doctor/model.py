@@ -2,7 +2,7 @@
 
 Severities rank ``error`` > ``warning`` > ``info``; within one severity the checks rank
 in ``CHECKS`` order (the order of the training-debugging guide: first non-finite tensor,
-then the update path, then reproducibility, then train/eval modes). ``info`` findings say what a check looked at
+then the update path, then reproducibility, then train/eval modes, then the loss's contract). ``info`` findings say what a check looked at
 and found healthy; they never make the exit status 1.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = ["CHECKS", "SEVERITIES", "Finding", "Diagnosis"]
 
-CHECKS = ("finite", "update", "repro", "modes")
+CHECKS = ("finite", "update", "repro", "modes", "contract")
 """The checks that exist, in priority order (their names are the interface: ``--check NAME``)."""
 SEVERITIES = ("error", "warning", "info")
 """Most important first."""

@@ -23,6 +23,7 @@ from reprobisect.executors import executor_for
 from reprobisect.trace.ranks import read_rank0
 from reprobisect.trace.reader import Trace
 from reprobisect.workflows.capture import CaptureConfig, CaptureResult, capture
+from reprobisect.workflows.doctor.contract import CRASH_CONTRACT
 from reprobisect.workflows.doctor.finite import first_nonfinite
 from reprobisect.workflows.doctor.model import RUN, Finding
 
@@ -117,6 +118,9 @@ def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
                             ".item()/.numpy() round trip or a forward under torch.no_grad())", ev,
                             "follow the loss back to the model's output and remove what cuts the graph; "
                             "loss.grad_fn must not be None")]
+        for text, cause, nxt in CRASH_CONTRACT:
+            if text in ev["last_line"]:
+                return [Finding("contract", "error", f"the loss raised{_at(o)}: {cause}", ev, nxt)]
         return [Finding(RUN, "error", f"the command crashed{_at(o)}: {ev['last_line'] or o.detail}", ev,
                         "fix the crash (the whole output is output.log in the trace with -o), then run the doctor again")]
     if o.status is Status.NO_STEPS:
