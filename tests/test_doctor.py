@@ -34,7 +34,7 @@ def _diagnose(name: str, checks: tuple[str, ...] = ("finite", "update", "modes",
 def single_runs() -> dict[str, Diagnosis]:
     """The one-run checks on each planted-bug script (one recorded run each)."""
     names = ("detached", "optimizer_copy", "lr_zero", "detach_backward", "eval_train_mode", "no_train_after_eval",
-             "broadcast_mse", "softmax_ce")
+             "broadcast_mse", "softmax_ce", "sigmoid_bce_logits")
     return {name: _diagnose(name) for name in names}
 
 
@@ -191,7 +191,14 @@ def test_softmax_into_cross_entropy_is_named(single_runs):
     f = _top(single_runs["softmax_ce"])
     assert (f.check, f.severity) == ("contract", "error"), single_runs["softmax_ce"]
     assert "probabilities" in f.cause and "logits" in f.cause
-    assert f.evidence["classes"] == 3 and f.evidence["shape"] == [16, 3]
+    assert (f.evidence["op"], f.evidence["after"]) == ("LogSoftmaxBackward0", "SoftmaxBackward0")
+
+
+@pytest.mark.slow
+def test_sigmoid_into_bce_with_logits_is_named(single_runs):
+    f = _top(single_runs["sigmoid_bce_logits"])
+    assert (f.check, f.severity) == ("contract", "error"), single_runs["sigmoid_bce_logits"]
+    assert "binary_cross_entropy_with_logits of a sigmoid" in f.cause
 
 
 # ----------------------------------------------------------------------------- healthy

@@ -98,8 +98,9 @@ recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
 made otherwise), ``eval_mode_layers`` (only when some are: the model's dropout/batch-norm
 layers in eval mode during its training forward; an evaluation run's ``train_mode_layers``
-are those in training mode under ``no_grad``/``inference_mode``), ``loss_broadcast`` (step 0,
-only when found: an op of the loss expression that broadcast ``[N,1]`` against ``[N]`` to ``[N,N]``), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
+are those in training mode under ``no_grad``/``inference_mode``), ``loss_broadcast``
+and ``loss_probabilities`` (step 0, only when found: an op of the loss expression
+that broadcast ``[N,1]`` against ``[N]`` to ``[N,N]``; a loss on logits fed a softmax or sigmoid), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
 NaN/Inf, in chain order).
 
 Detail (``RecordPolicy.detail``): ``full`` records all of the above. ``sentinel`` records
@@ -731,10 +732,10 @@ class TorchRecorder:
         for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
             if isinstance(t, torch.Tensor):
                 self._add("loss", "loss", t)
-                if self.step == 0 and "loss_broadcast" not in self._scalars:
-                    found = _loss_broadcast(t)
-                    if found:  # [N,1] against [N] made [N,N] on the way to the loss (doctor's ``contract``)
-                        self._scalars["loss_broadcast"] = found
+                if self.step == 0 and not self.__dict__.get("_loss_graph_read"):
+                    # [N,1] against [N] made [N,N], probabilities into a loss on logits (doctor's ``contract``)
+                    self._loss_graph_read = True
+                    self._scalars.update(_loss_graph(t))
         self._record_s += time.perf_counter() - t0
 
     @_hook
@@ -1684,11 +1685,35 @@ def _builtin_broadcast(node: Any) -> dict[str, Any] | None:
     return None
 
 
-def _loss_broadcast(loss: torch.Tensor) -> dict[str, Any] | None:
-    """The first op between the model and ``loss`` that broadcasts an ``[N, 1]`` tensor
-    against an ``[N]`` one (or a constant: the labels) into ``[N, N]``, as
-    ``{"op", "from", "to"}``; None when none (or the graph cannot be read). Pairwise
-    expressions (``[N, 1]`` against ``[1, N]``, both from the model) are not reported."""
+_PROBABILITIES = {  # loss op on logits -> the op producing probabilities that must not feed it
+    "LogSoftmaxBackward0": ("SoftmaxBackward0", "cross_entropy/log_softmax of a softmax"),
+    "NllLossBackward0": ("SoftmaxBackward0", "nll_loss of a softmax (it expects log-probabilities)"),
+    "BinaryCrossEntropyWithLogitsBackward0": ("SigmoidBackward0", "binary_cross_entropy_with_logits of a sigmoid"),
+}
+
+
+def _broadcast_at(node: Any, parents: list[tuple[Any, tuple[int, ...] | None]]) -> dict[str, Any] | None:
+    """``node`` broadcasting an ``[N, 1]`` input against an ``[N]`` one (or a constant) to ``[N, N]``."""
+    hit = _builtin_broadcast(node)
+    if hit:
+        return hit
+    out = _shape_of(node, 0)
+    if out is not None and len(out) == 2 and out[0] == out[1] > 1 and len(parents) == 2:
+        n = out[0]
+        shapes = [sh for _, sh in parents]
+        if (n, 1) in shapes and all(sh in (None, (n, 1), (n,)) for sh in shapes):
+            return {"op": type(node).__name__, "from": [n, 1], "to": [n, n]}
+    return None
+
+
+def _loss_graph(loss: torch.Tensor) -> dict[str, Any]:
+    """What the loss expression (the autograd graph from ``loss`` back, at most
+    ``_GRAPH_NODES`` nodes) shows: ``loss_broadcast`` (``{"op", "from", "to"}``: an ``[N, 1]``
+    tensor broadcast against an ``[N]`` one or a constant, the labels, into ``[N, N]``;
+    pairwise ``[N, 1]`` against ``[1, N]`` is not reported) and ``loss_probabilities``
+    (``{"op", "after", "what"}``: a loss on logits fed a softmax's or sigmoid's output).
+    Never raises: an unreadable graph says nothing."""
+    out: dict[str, Any] = {}
     try:
         todo, seen = [loss.grad_fn], 0
         while todo and seen < _GRAPH_NODES:
@@ -1696,20 +1721,18 @@ def _loss_broadcast(loss: torch.Tensor) -> dict[str, Any] | None:
             seen += 1
             if node is None:
                 continue
-            hit = _builtin_broadcast(node)
-            if hit:
-                return hit
-            out = _shape_of(node, 0)
             parents = [(f, _shape_of(f, i)) if f is not None else (None, None) for f, i in node.next_functions]
-            if out is not None and len(out) == 2 and out[0] == out[1] > 1 and len(parents) == 2:
-                n = out[0]
-                shapes = [sh for _, sh in parents]
-                if (n, 1) in shapes and all(sh in (None, (n, 1), (n,)) for sh in shapes):
-                    return {"op": type(node).__name__, "from": [n, 1], "to": [n, n]}
+            if "loss_broadcast" not in out:
+                hit = _broadcast_at(node, parents)
+                if hit:
+                    out["loss_broadcast"] = hit
+            rule = _PROBABILITIES.get(type(node).__name__)
+            if rule and "loss_probabilities" not in out and parents and type(parents[0][0]).__name__ == rule[0]:
+                out["loss_probabilities"] = {"op": type(node).__name__, "after": rule[0], "what": rule[1]}
             todo += [f for f, _ in parents if f is not None]
     except Exception:
-        return None
-    return None
+        pass
+    return out
 """Most layer names ``eval_mode_layers`` / ``train_mode_layers`` list."""
 
 

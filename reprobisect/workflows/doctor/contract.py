@@ -7,7 +7,10 @@ From one recorded run:
   shapes): the PyTorch recorder walks the first step's loss graph and notes the op
   (``scalars.loss_broadcast``). Pairwise expressions (``[N, 1]`` against ``[1, N]``) are
   not reported;
-- probabilities fed to a loss that expects logits: the input of a ``CrossEntropyLoss``
+- probabilities fed to a loss that expects logits: the recorder sees ``log_softmax`` (inside
+  ``cross_entropy``) or ``nll_loss`` right after a ``softmax``, or
+  ``binary_cross_entropy_with_logits`` right after a ``sigmoid``, in the first step's loss graph
+  (``scalars.loss_probabilities``); else the input of a ``CrossEntropyLoss``
   module whose values lie in [0, 1] with a mean of exactly ``1/C`` (rows that sum to 1: a
   softmax), or an ``NLLLoss`` given non-negative values (it expects log-probabilities);
   read from the recorded stats of the tensor whose fingerprint the loss module received;
@@ -68,7 +71,26 @@ def _loss_input(step: Step, loss: Record) -> Record | None:
     return next((r for r in step.records if r.fingerprint == fp and r is not loss and r.kind != "loss"), None)
 
 
+def _graph_probabilities(steps: list[Step]) -> list[Finding]:
+    """The recorder saw a loss on logits fed a softmax's (or sigmoid's) output in the loss graph."""
+    hit = next(((s, s.scalars["loss_probabilities"]) for s in steps
+                if isinstance(s.scalars.get("loss_probabilities"), dict)), None)
+    if hit is None:
+        return []
+    s, p = hit
+    sig = "Sigmoid" in str(p.get("after"))
+    ev = {"step": s.step, "op": p.get("op"), "after": p.get("after"), "what": p.get("what")}
+    return [Finding("contract", "error",
+                    f"the loss is computed on probabilities but expects logits: {p.get('what')}; the loss applies "
+                    f"{'the sigmoid' if sig else 'log_softmax'} itself, so the gradients are squashed and training stalls",
+                    ev, f"remove the {'sigmoid' if sig else 'softmax'} before the loss (keep it for inference only), or "
+                    f"use {'binary_cross_entropy' if sig else 'nll_loss(torch.log(p))'} if the model must output probabilities")]
+
+
 def _probabilities(steps: list[Step]) -> list[Finding]:
+    graph = _graph_probabilities(steps)
+    if graph:
+        return graph
     for s in steps[:3]:
         for r in s.records:
             base = r.name.split("@")[0].split("#")[0]
