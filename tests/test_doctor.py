@@ -237,3 +237,12 @@ def test_a_command_that_crashes_is_a_finding_not_a_traceback(tmp_path, capsys):
     assert "Traceback" not in out.out
     assert "ERROR [run] the command crashed" in out.out
     assert "boom: the data file is missing" in out.out
+
+
+def test_checks_parse_in_priority_order_and_the_json_is_strict():
+    from reprobisect.workflows.doctor import Finding, parse_checks
+
+    assert parse_checks(None) == CHECKS
+    assert parse_checks(["repro", "finite,update", "finite"]) == ("finite", "update", "repro")
+    doc = Finding("finite", "error", "x", {"norms": [1.0, float("nan"), float("inf")]}).to_json()
+    assert json.loads(json.dumps(doc, allow_nan=False))["evidence"]["norms"] == [1.0, "nan", "inf"]

@@ -8,6 +8,7 @@ and found healthy; they never make the exit status 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,18 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {"check": self.check, "severity": self.severity, "cause": self.cause,
-                "evidence": self.evidence, "next": self.next}
+                "evidence": _json_safe(self.evidence), "next": self.next}
+
+
+def _json_safe(x: Any) -> Any:
+    """``x`` with non-finite floats as the strings a trace uses ("nan", "inf", "-inf"): strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 @dataclass(frozen=True)
