@@ -164,7 +164,8 @@ def _unchanged_params(steps: list[Step]) -> list[str]:
 
 def check_update(trace: Trace) -> list[Finding]:
     """The ``update`` findings of one recorded run (most telling first), or one ``info``."""
-    steps = [s for s in trace.steps if not s.scalars.get("scaler_skipped")]
+    # a step a GradScaler skipped, or one holding a NaN/Inf (``finite``'s finding), says nothing about the path
+    steps = [s for s in trace.steps if not s.scalars.get("scaler_skipped") and not s.scalars.get("first_nonfinite")]
     if not steps:
         return []
     frozen = set()
