@@ -34,7 +34,7 @@ def _diagnose(name: str, checks: tuple[str, ...] = ("finite", "update", "modes",
 def single_runs() -> dict[str, Diagnosis]:
     """The one-run checks on each planted-bug script (one recorded run each)."""
     names = ("detached", "optimizer_copy", "lr_zero", "detach_backward", "eval_train_mode", "no_train_after_eval",
-             "broadcast_mse", "softmax_ce", "sigmoid_bce_logits")
+             "broadcast_mse", "softmax_ce", "sigmoid_bce_logits", "unused_branch")
     return {name: _diagnose(name) for name in names}
 
 
@@ -130,6 +130,14 @@ def test_scheduler_driving_lr_to_zero_is_named_with_its_step(single_runs):
     assert f.evidence["zero_from_step"] == 2
     assert [f.check for f in single_runs["lr_zero"].findings].count("finite") == 1  # finite ran too: info
     assert single_runs["lr_zero"].findings[-1].severity == "info"
+
+
+@pytest.mark.slow
+def test_parameters_that_never_get_a_gradient_are_named(single_runs):
+    f = _top(single_runs["unused_branch"])
+    assert (f.check, f.severity) == ("update", "warning"), single_runs["unused_branch"]
+    assert f.evidence["never_gradient"] == ["aux.bias", "aux.weight"]
+    assert "never received a gradient" in f.cause
 
 
 # ----------------------------------------------------------------------------- repro
