@@ -55,6 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "repro": ("reprobisect.cli.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
     "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
     "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
+    "doctor": ("reprobisect.cli.commands.doctor", "Diagnose a training command: first NaN/Inf, a broken update path, nondeterminism."),
     "demo": ("reprobisect.cli.commands.demo", "Try it in one minute: bisect a generated repository."),
 }
 

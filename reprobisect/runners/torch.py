@@ -88,14 +88,19 @@ the run as ``no_steps``.
 Scalars per step: ``loss`` (the loss record when the step has one; with accumulation the
 sum of its micro-losses, which is the mean loss when each was divided by their number, and
 ``losses``, each), ``lr`` (per group), ``grad_norm`` (before clipping), ``grad_norm_at_step``, ``grad_params``,
-``no_grad_params``, ``no_gradients``, ``scaler_scale`` (GradScaler, when enabled),
+``no_grad_params``, ``no_gradients``, ``frozen_params`` (step 0, only when some are: the
+``init`` parameters with ``requires_grad=False``), ``scaler_scale`` (GradScaler, when enabled),
 ``scaler_skipped`` (true on a step whose inf/NaN gradients made the GradScaler skip
 ``optimizer.step()``: the step has no ``param``/``optim_state`` records, and its
 gradients do not count as ``first_nonfinite``),
 ``data_wait_s`` (time inside the DataLoader's ``__next__``), ``record_s`` (time in the
 recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
-made otherwise), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
+made otherwise), ``eval_mode_layers`` (only when some are: the model's dropout/batch-norm
+layers in eval mode during its training forward; an evaluation run's ``train_mode_layers``
+are those in training mode under ``no_grad``/``inference_mode``), ``loss_broadcast``
+and ``loss_probabilities`` (step 0, only when found: an op of the loss expression
+that broadcast ``[N,1]`` against ``[N]`` to ``[N,N]``; a loss on logits fed a softmax or sigmoid), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
 NaN/Inf, in chain order).
 
 Detail (``RecordPolicy.detail``): ``full`` records all of the above. ``sentinel`` records
@@ -728,6 +733,10 @@ class TorchRecorder:
         for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
             if isinstance(t, torch.Tensor):
                 self._add("loss", "loss", t)
+                if self.step == 0 and not self.__dict__.get("_loss_graph_read"):
+                    # [N,1] against [N] made [N,N], probabilities into a loss on logits (doctor's ``contract``)
+                    self._loss_graph_read = True
+                    self._scalars.update(_loss_graph(t))
         self._record_s += time.perf_counter() - t0
 
     @_hook
@@ -930,6 +939,14 @@ class TorchRecorder:
         self.add_root(module)
         if module.training:
             self._train_mode_roots.add(id(module))
+        if id(module) == self._primary and "eval_mode_layers" not in self._scalars:
+            cache = self.__dict__.setdefault("_mode_cache", {})
+            layers = cache.get(id(module))
+            if layers is None:
+                layers = cache[id(module)] = _mode_layers(module)  # once per model: modules rarely change
+            names = [n for n, m in layers if not m.training]
+            if names:  # the model trains with dropout/batch norm in eval mode (doctor's ``modes``)
+                self._scalars["eval_mode_layers"] = names[:_MODE_NAMES]
         self._trained = True
         self._eval_cur = None
         if not self.prefetch:
@@ -967,6 +984,8 @@ class TorchRecorder:
         if id(p) not in self._init_params:
             self._init_params.add(id(p))
             self._add("init", name, p, fresh=True)
+            if not p.requires_grad:  # frozen on purpose or not: doctor's update check tells them apart
+                self._scalars.setdefault("frozen_params", []).append(name)
 
     # -- evaluation -----------------------------------------------------------------
 
@@ -986,6 +1005,10 @@ class TorchRecorder:
     def _eval_forward(self, module: torch.nn.Module) -> None:
         run = self._eval_run()
         run["forwards"] += 1
+        if run["forwards"] == 1 and run["phase"] in ("no_grad", "inference_mode") and module.training:
+            names = [n for n, m in _mode_layers(module) if m.training]
+            if names:  # evaluation with dropout/batch norm in training mode (doctor's ``modes``)
+                run["train_mode_layers"] = names[:_MODE_NAMES]
         if self.phase is None:
             for b in self._batches:
                 b.seen_by.add(id(module))
@@ -1023,6 +1046,7 @@ class TorchRecorder:
                 "ids_fingerprint": record_array("ids", "batch", ids).fingerprint if ids is not None else None,
                 "outputs_fingerprint": _combine(outs) if outs else None,
                 "outputs_fingerprinted": len(outs),
+                **({"train_mode_layers": r["train_mode_layers"]} if r.get("train_mode_layers") else {}),
             })
         return out
 
@@ -1633,6 +1657,102 @@ class TorchRecorder:
 
 
 _EVAL_OUTPUTS = 16
+_MODE_NAMES = 16
+_GRAPH_NODES = 64
+"""Autograd nodes ``_loss_broadcast`` looks at, from the loss back (the loss expression)."""
+
+
+def _shape_of(fn: Any, i: int) -> tuple[int, ...] | None:
+    """The shape of output ``i`` of autograd node ``fn`` (None when torch does not say)."""
+    try:
+        if type(fn).__name__ == "AccumulateGrad":
+            return tuple(fn.variable.shape)
+        return tuple(fn._input_metadata[i].shape)
+    except Exception:
+        return None
+
+
+def _builtin_broadcast(node: Any) -> dict[str, Any] | None:
+    """A regression loss (mse/l1/smooth_l1/huber) given ``[N, 1]`` predictions and ``[N]``
+    targets: it broadcasts them to ``[N, N]`` (an expand of the ``[N, 1]`` side; torch only warns)."""
+    name = type(node).__name__
+    if name == "ExpandBackward0":  # F.mse_loss & co. broadcast their arguments with an expand first
+        src, out = tuple(node._saved_self_sym_sizes), _shape_of(node, 0)
+        if len(src) == 2 and src[1] == 1 and src[0] > 1 and out == (src[0], src[0]):
+            return {"op": name, "from": [src[0], 1], "to": [src[0], src[0]]}
+        return None
+    if name not in ("MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"):
+        return None
+    a, b = tuple(node._saved_self.shape), tuple(node._saved_target.shape)
+    for p, t in ((a, b), (b, a)):
+        if len(p) == 2 and p[1] == 1 and p[0] > 1 and t == (p[0],):
+            return {"op": type(node).__name__, "from": [p[0], 1], "to": [p[0], p[0]]}
+    return None
+
+
+_PROBABILITIES = {  # loss op on logits -> the op producing probabilities that must not feed it
+    "LogSoftmaxBackward0": ("SoftmaxBackward0", "cross_entropy/log_softmax of a softmax"),
+    "NllLossBackward0": ("SoftmaxBackward0", "nll_loss of a softmax (it expects log-probabilities)"),
+    "BinaryCrossEntropyWithLogitsBackward0": ("SigmoidBackward0", "binary_cross_entropy_with_logits of a sigmoid"),
+}
+
+
+def _broadcast_at(node: Any, parents: list[tuple[Any, tuple[int, ...] | None]]) -> dict[str, Any] | None:
+    """``node`` broadcasting an ``[N, 1]`` input against an ``[N]`` one (or a constant) to ``[N, N]``."""
+    hit = _builtin_broadcast(node)
+    if hit:
+        return hit
+    out = _shape_of(node, 0)
+    if out is not None and len(out) == 2 and out[0] == out[1] > 1 and len(parents) == 2:
+        n = out[0]
+        shapes = [sh for _, sh in parents]
+        if (n, 1) in shapes and all(sh in (None, (n, 1), (n,)) for sh in shapes):
+            return {"op": type(node).__name__, "from": [n, 1], "to": [n, n]}
+    return None
+
+
+def _loss_graph(loss: torch.Tensor) -> dict[str, Any]:
+    """What the loss expression (the autograd graph from ``loss`` back, at most
+    ``_GRAPH_NODES`` nodes) shows: ``loss_broadcast`` (``{"op", "from", "to"}``: an ``[N, 1]``
+    tensor broadcast against an ``[N]`` one or a constant, the labels, into ``[N, N]``;
+    pairwise ``[N, 1]`` against ``[1, N]`` is not reported) and ``loss_probabilities``
+    (``{"op", "after", "what"}``: a loss on logits fed a softmax's or sigmoid's output).
+    Never raises: an unreadable graph says nothing."""
+    out: dict[str, Any] = {}
+    try:
+        todo, seen = [loss.grad_fn], 0
+        while todo and seen < _GRAPH_NODES:
+            node = todo.pop(0)
+            seen += 1
+            if node is None:
+                continue
+            parents = [(f, _shape_of(f, i)) if f is not None else (None, None) for f, i in node.next_functions]
+            if "loss_broadcast" not in out:
+                hit = _broadcast_at(node, parents)
+                if hit:
+                    out["loss_broadcast"] = hit
+            rule = _PROBABILITIES.get(type(node).__name__)
+            if rule and "loss_probabilities" not in out and parents and type(parents[0][0]).__name__ == rule[0]:
+                out["loss_probabilities"] = {"op": type(node).__name__, "after": rule[0], "what": rule[1]}
+            todo += [f for f, _ in parents if f is not None]
+    except Exception:
+        pass
+    return out
+"""Most layer names ``eval_mode_layers`` / ``train_mode_layers`` list."""
+
+
+def _mode_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers of ``module`` whose behaviour ``train()``/``eval()`` changes: dropout with
+    p > 0 and batch norm that tracks running statistics, by their path."""
+    from torch.nn.modules import batchnorm, dropout
+
+    drop = getattr(dropout, "_DropoutNd", torch.nn.Dropout)
+    norm = getattr(batchnorm, "_BatchNorm", torch.nn.BatchNorm1d)
+    out = []
+    for path, m in module.named_modules():
+        if (isinstance(m, drop) and m.p > 0) or (isinstance(m, norm) and m.track_running_stats):
+            out.append((user_path(path) or type(m).__name__, m))
+    return out
 """Root outputs of one evaluation run whose fingerprints go into its summary."""
 @contextlib.contextmanager
 def _gc_paused() -> Any:

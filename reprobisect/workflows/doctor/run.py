@@ -1,0 +1,137 @@
+"""One recorded run of the user's command, for the checks that observe one run.
+
+The command runs through ``workflows.capture`` (the probe path of ``bisect capture``) at
+full detail, stopping at the first NaN/Inf. How the run ended becomes findings of its own
+(check ``run``): a crash with its last line, an import failure, a run that never stepped an
+optimizer, a timeout; a crash that says the loss has no graph is an ``update`` error.
+``keep_first_bad`` re-records the run up to its first non-finite step, keeping that step's
+full tensors (the bad batch, the forward, loss and gradients) and the complete state after
+the step before it (the last healthy state), and checks that the re-run met the same
+tensor at the same step on the same samples.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from reprobisect.core.options import ProbeOptions
+from reprobisect.core.outcome import Outcome, Status
+from reprobisect.errors import ReproError
+from reprobisect.executors import executor_for
+from reprobisect.trace.ranks import read_rank0
+from reprobisect.trace.reader import Trace
+from reprobisect.workflows.capture import CaptureConfig, CaptureResult, capture
+from reprobisect.workflows.doctor.contract import CRASH_CONTRACT
+from reprobisect.workflows.doctor.finite import first_nonfinite
+from reprobisect.workflows.doctor.model import RUN, Finding
+
+__all__ = ["RecordedRun", "record_run"]
+
+_DETACHED = ("does not require grad and does not have a grad_fn",)
+
+
+@dataclass
+class RecordedRun:
+    """The outcome of the one recorded run, its trace (None when it left none to read) and
+    the findings about how it ended."""
+
+    argv: list[str]
+    options: ProbeOptions
+    cwd: str | os.PathLike | None
+    outcome: Outcome
+    trace: Trace | None
+    findings: list[Finding] = field(default_factory=list)
+
+    def keep_first_bad(self, finding: Finding, dest: Path, kept: dict[str, str]) -> Finding:
+        """``finding`` (the first non-finite tensor) with what was kept of it in ``dest``."""
+        k = int(finding.evidence["step"])
+        config = _config(self.options, steps=k + 1, full_steps=(k,), state_steps=(k - 1,) if k > 0 else ())
+        res = _capture(self.argv, dest, config, self.options, self.cwd)
+        ev = dict(finding.evidence)
+        try:
+            again = first_nonfinite(read_rank0(dest, allow_incomplete=True))
+        except ReproError:
+            again = None
+        if again is None or again[0].step != k or f"{again[1].kind} '{again[1].name}'" != ev["tensor"] \
+                or list(again[0].batch_ids or []) != list(ev.get("sample_ids") or []):
+            where = f"{again[1].kind} '{again[1].name}' at step {again[0].step}" if again else f"none ({res.outcome})"
+            ev["kept"] = {"folder": str(dest), "note": f"a second run to keep the tensors met {where}, not the same "
+                          "tensor: the run is not reproducible (see `bisect doctor --check repro`)"}
+        else:
+            kept["first-nonfinite"] = str(dest)
+            ev["kept"] = {"folder": str(dest), "first_bad_step": f"tensors/step-{k:06d}.safetensors (batch, forward, "
+                          f"loss, gradients and parameters of step {k})",
+                          "last_healthy_state": f"state/step-{k - 1}/ (after step {k - 1})" if k > 0 else None}
+        return replace(finding, evidence=ev)
+
+
+def _config(options: ProbeOptions, **kw: object) -> CaptureConfig:
+    base = {"steps": options.steps, "timeout": options.timeout, "stop_on_nonfinite": True, "quiet": True,
+            "detail": "full"}
+    base.update(kw)
+    return CaptureConfig(**base)  # type: ignore[arg-type]
+
+
+def _capture(argv: list[str], dest: Path, config: CaptureConfig, options: ProbeOptions,
+             cwd: str | os.PathLike | None) -> CaptureResult:
+    if options.executor == "local":
+        return capture(argv, dest, config, cwd=cwd)
+    with executor_for(options) as ex:
+        return capture(argv, dest, config, cwd=cwd, executor=ex)
+
+
+def record_run(argv: list[str], options: ProbeOptions, dest: Path,
+               cwd: str | os.PathLike | None = None) -> RecordedRun:
+    """Record ``argv`` into ``dest`` (full detail, stop at the first NaN/Inf) and read it."""
+    res = _capture(argv, dest, _config(options), options, cwd)
+    o = res.outcome
+    trace = None
+    if o.status in (Status.OK, Status.NONFINITE, Status.CRASHED, Status.TIMEOUT):
+        try:
+            trace = read_rank0(dest, allow_incomplete=True)
+        except ReproError:
+            trace = None
+    run = RecordedRun(argv=argv, options=options, cwd=cwd, outcome=o, trace=trace)
+    run.findings = _outcome_findings(res, trace)
+    return run
+
+
+def _last_line(res: CaptureResult) -> str:
+    text = res.outcome.traceback or res.output_tail or res.stderr_tail or ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
+    """Findings about how the run ended (none when it recorded its steps or stopped at a NaN)."""
+    o = res.outcome
+    steps = len(trace.steps) if trace is not None else 0
+    ev = {"outcome": str(o.status), "step": o.step, "steps_recorded": steps, "last_line": _last_line(res),
+          "output_log": res.output_log}
+    if o.status in (Status.OK, Status.NONFINITE):
+        return []
+    if o.status is Status.CRASHED:
+        if any(p in (o.traceback or "") + ev["last_line"] for p in _DETACHED):
+            return [Finding("update", "error", "backward refused the loss: it has no graph to the model (a .detach(), "
+                            ".item()/.numpy() round trip or a forward under torch.no_grad())", ev,
+                            "follow the loss back to the model's output and remove what cuts the graph; "
+                            "loss.grad_fn must not be None")]
+        for text, cause, nxt in CRASH_CONTRACT:
+            if text in ev["last_line"]:
+                return [Finding("contract", "error", f"the loss raised{_at(o)}: {cause}", ev, nxt)]
+        return [Finding(RUN, "error", f"the command crashed{_at(o)}: {ev['last_line'] or o.detail}", ev,
+                        "fix the crash (the whole output is output.log in the trace with -o), then run the doctor again")]
+    if o.status is Status.NO_STEPS:
+        return [Finding(RUN, "error", "the command ended without an optimizer step, so nothing could be checked"
+                        + (f" ({o.detail})" if o.detail else ""), ev,
+                        "check that the command trains (optimizer.step() runs) within the first steps")]
+    what = {Status.SKIP: "could not start or import what it needs", Status.TIMEOUT: "timed out",
+            Status.INFRA: "was stopped from outside or the recorder failed"}.get(o.status, str(o.status))
+    return [Finding(RUN, "error", f"the command {what}{_at(o)}" + (f": {o.detail}" if o.detail else ""), ev,
+                    "make the command run as a plain `python ...` first; raise --timeout for slow starts")]
+
+
+def _at(o: Outcome) -> str:
+    return f" at step {o.step}" if o.step is not None else ""
