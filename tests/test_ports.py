@@ -167,3 +167,22 @@ def test_local_probes_running_at_once_get_their_own_ports_and_a_user_port_is_kep
     assert got["a"]["MASTER_PORT"] and got["a"]["MASTER_PORT"] != got["b"]["MASTER_PORT"]
     assert got["a"]["MASTER_PORT"] == got["a"]["PET_MASTER_PORT"]
     assert got["mine"]["MASTER_PORT"] == "23457" and got["mine"]["PET_MASTER_PORT"] not in (None, "23457")
+
+
+def test_release_gives_back_the_claims_and_the_folder_goes_with_the_last(tmp_path, monkeypatch):
+    """A probe leaves nothing in the temp dir: its port's claim is released when it ends, and the
+    claims folder with the last claim; a later probe makes the folder again."""
+    import tempfile
+
+    from reprobisect.executors.ports import release
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    a, b = rendezvous_vars({}), rendezvous_vars({})
+    (folder,) = tmp_path.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted({a["MASTER_PORT"], b["MASTER_PORT"]})
+    release(a)
+    assert [p.name for p in folder.iterdir()] == [b["MASTER_PORT"]]  # b's probe still holds its port
+    release(b)
+    assert list(tmp_path.iterdir()) == []
+    release({})  # nothing handed out (the user set the port): nothing to do, no error
+    assert rendezvous_vars({})["MASTER_PORT"] and len(list(tmp_path.iterdir())) == 1

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["PORT_VARS", "RESERVE_S", "free_port", "rendezvous_vars", "rendezvous_env"]
+__all__ = ["PORT_VARS", "RESERVE_S", "free_port", "rendezvous_vars", "rendezvous_env", "release"]
 
 PORT_VARS = ("MASTER_PORT", "PET_MASTER_PORT")
 """The variables ``rendezvous_env`` fills (each only when unset)."""
@@ -47,8 +47,12 @@ _AVOID = {29400, 29500}
 _LOCK = threading.Lock()
 
 
+def _folder() -> Path:
+    return Path(tempfile.gettempdir()) / f"reprobisect-ports-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+
+
 def _reservations() -> Path:
-    d = Path(tempfile.gettempdir()) / f"reprobisect-ports-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+    d = _folder()
     d.mkdir(mode=0o700, exist_ok=True)
     return d
 
@@ -83,29 +87,57 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _owner_alive(path: Path) -> bool:
+    """Whether the process that wrote the claim ``path`` still runs (an unreadable claim counts as alive)."""
+    try:
+        pid = int(path.read_text() or "0")
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _stale(path: Path, now: float) -> bool:
+    """A claim older than ``RESERVE_S`` or whose owner process is gone (killed with its probe)."""
+    return now - path.stat().st_mtime >= RESERVE_S or not _owner_alive(path)
+
+
 def _reserve(port: int, folder: Path) -> bool:
     """Claim ``port`` for ``RESERVE_S`` seconds on this machine (False: another caller holds it)."""
     path = folder / str(port)
-    for _ in range(2):
+    for _ in range(3):
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            return True
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileNotFoundError:  # the folder went with another caller's last release: make it again
+            folder.mkdir(mode=0o700, exist_ok=True)
+            continue
         except FileExistsError:
             try:
-                if time.time() - path.stat().st_mtime < RESERVE_S:
+                if not _stale(path, time.time()):
                     return False
                 path.unlink()  # an old claim: its probe has bound the port long ago, or ended
             except FileNotFoundError:
                 pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))  # the owner: a claim whose owner is gone is stale at once
+        return True
     return False
 
 
 def _sweep(folder: Path) -> None:
-    """Remove claims older than ``RESERVE_S`` (the folder holds at most the recent ones)."""
+    """Remove stale claims (``_stale``): the folder holds at most the live, recent ones."""
     now = time.time()
     for path in folder.iterdir():
         try:
-            if now - path.stat().st_mtime >= RESERVE_S:
+            if _stale(path, now):
                 path.unlink()
         except OSError:
             pass  # another caller removed or re-claimed it
@@ -139,6 +171,21 @@ def rendezvous_vars(base_env: Mapping[str, str]) -> dict[str, str]:
         return {}
     port = str(free_port())
     return {v: port for v in missing}
+
+
+def release(given: Mapping[str, str]) -> None:
+    """Give back the claims of ports ``rendezvous_vars`` handed out (its result) once the probe
+    ended, and the claims folder with the last of them: a probe leaves nothing in the temp dir."""
+    folder = _folder()
+    for port in set(given.values()):
+        try:
+            (folder / str(port)).unlink()
+        except OSError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # other probes' claims are still in it
 
 
 def rendezvous_env(base_env: Mapping[str, str]) -> dict[str, str]:

@@ -49,7 +49,7 @@ from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
 from reprobisect.executors import anycommand
-from reprobisect.executors.ports import rendezvous_env
+from reprobisect.executors.ports import release, rendezvous_vars
 from reprobisect.runners import bootstrap
 from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
 
@@ -458,12 +458,13 @@ def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) ->
     return _with(out, trace=str(trace_dir)) if sealed is not None and sealed.status is Status.OK else out
 
 
-def _probe_env(spec: ProbeSpec, cmd: list[str], trace_dir: Path, cwd: Path, boot: Path, wrapped: bool) -> dict[str, str]:
+def _probe_env(spec: ProbeSpec, cmd: list[str], trace_dir: Path, cwd: Path, boot: Path, wrapped: bool,
+               ports: dict[str, str]) -> dict[str, str]:
     """The command's environment: this process's, ``spec.env``, a rendezvous port of its own
-    (``ports.rendezvous_env``), the bootstrap folder first on PYTHONPATH; a command that runs as given also finds reprobisect's interpreter first on PATH."""
+    (``ports``: ``ports.rendezvous_vars``), the bootstrap folder first on PYTHONPATH; a command that runs as given also finds reprobisect's interpreter first on PATH."""
     from reprobisect.runners.registry import recorders
 
-    env = rendezvous_env({**os.environ, **spec.env})  # a free port per probe unless the user set one
+    env = {**os.environ, **spec.env, **ports}
     triggers = [t for e in recorders() for t in e.triggers]
     env.update(bootstrap.prepare(boot, trace_dir=trace_dir, launch_args=launch_options(spec, trace_dir),
                                  command=list(spec.argv), triggers=triggers, cwd=cwd,
@@ -484,8 +485,9 @@ def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo
             return Outcome(Status.INFRA, detail=f"{refused}; choose another output path"), None
     # beside the trace (hidden), so it goes with the probe's traces folder if this process is killed
     boot = Path(tempfile.mkdtemp(prefix=f".{trace_dir.name}.boot-", dir=trace_dir.parent))
+    ports = rendezvous_vars({**os.environ, **spec.env})  # a free port per probe unless the user set one
     try:
-        env = _probe_env(spec, cmd, trace_dir, cwd, boot, wrapped)
+        env = _probe_env(spec, cmd, trace_dir, cwd, boot, wrapped, ports)
         recorded = (lambda: bootstrap.recording_ended(boot)) if wrapped else None
         end = _run_child(cmd, cwd, env, spec.timeout, trace_dir, echo, recorded)
         if isinstance(end, Outcome):
@@ -503,6 +505,7 @@ def _run_probe(spec: ProbeSpec, cmd: list[str], cwd: Path, trace_dir: Path, echo
         return judged, end
     finally:
         shutil.rmtree(boot, ignore_errors=True)
+        release(ports)
 
 
 def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = False) -> ProbeResult:
