@@ -36,6 +36,7 @@ import weakref
 from typing import Any, Iterator, Sequence
 
 from reprobisect.core.outcome import Outcome
+from reprobisect.runners.explicit import revision, seal
 
 __all__ = ["record", "Recording"]
 
@@ -79,7 +80,7 @@ def record(
                           stop_on_nonfinite=stop_on_nonfinite, max_disk=max_disk, detail=detail,
                           state_every=state_every)
     writer = TraceWriter(trace, command=list(command if command is not None else sys.argv), policy=policy.to_json(),
-                         seed=seed, revision=_revision(), recorder={"api": "reprobisect.tensorflow.record"})
+                         seed=seed, revision=revision(), recorder={"api": "reprobisect.tensorflow.record"})
     rec = TFRecorder(writer, policy, stop_at_limit=False).install()
     if "keras" in sys.modules:
         install_keras(rec)
@@ -91,7 +92,7 @@ def record(
         yield Recording(rec)
     except BaseException as e:
         rec.remove()
-        _seal(writer, rec, Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=writer.steps_written,
+        seal(writer, rec, Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=writer.steps_written,
                                    traceback="".join(traceback.format_exception(type(e), e, e.__traceback__))[-20000:],
                                    trace=os.path.abspath(trace)))
         raise
@@ -104,30 +105,4 @@ def record(
         outcome = Outcome("no_steps", detail="no step ran inside reprobisect.tensorflow.record(): " + rec.no_steps_detail())
     else:
         outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
-    _seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
-
-
-def _revision() -> dict[str, Any] | None:
-    try:
-        from reprobisect.runners.environment import revision_of
-
-        return revision_of(sys.argv[0] if sys.argv and sys.argv[0] else None)
-    except Exception:
-        return None
-
-
-def _seal(writer: Any, rec: Any, outcome: Outcome) -> None:
-    try:
-        from reprobisect.runners.environment import collect_environment
-
-        env = collect_environment()
-    except Exception as e:
-        env = {"error": f"environment record failed: {type(e).__name__}: {e}"}
-    extra: dict[str, Any] = dict(rec.manifest_extra)
-    if rec.notes:
-        extra["notes"] = list(rec.notes)
-    if rec.first_nonfinite is not None:
-        extra["first_nonfinite"] = {"step": rec.first_nonfinite[0], "record": rec.first_nonfinite[1]}
-    status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
-    writer.close(status, outcome=outcome.to_json(), error=None if status == "complete" else str(outcome),
-                 environment=env, extra=extra)
+    seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))

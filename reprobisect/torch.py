@@ -35,6 +35,7 @@ import traceback
 from typing import Any, Iterator, Sequence
 
 from reprobisect.core.outcome import Outcome
+from reprobisect.runners.explicit import revision, seal
 from reprobisect.runners.torch import RecordPolicy, StopRun, TorchRecorder
 from reprobisect.runners.torch_state import (
     Stateful,
@@ -101,7 +102,7 @@ def record(
         command=list(command if command is not None else sys.argv),
         policy=policy.to_json(),
         seed=seed,
-        revision=_revision(),
+        revision=revision(),
         recorder={"api": "reprobisect.torch.record"},
     )
     rec = TorchRecorder(writer, policy, stop_at_limit=False)
@@ -122,7 +123,7 @@ def record(
             traceback="".join(traceback.format_exception(type(e), e, e.__traceback__))[-20000:],
             trace=os.path.abspath(trace),
         )
-        _seal(writer, rec, outcome)
+        seal(writer, rec, outcome)
         raise
     rec.finish_manual()  # a loop without an optimizer: its last update ends its step here
     rec.remove()
@@ -135,34 +136,4 @@ def record(
                                              + _no_update_detail(rec.backwards))
     else:
         outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
-    _seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
-
-
-def _revision() -> dict[str, Any] | None:
-    """The git revision of the running script's repository (or the cwd's), for the manifest."""
-    try:
-        from reprobisect.runners.environment import revision_of
-
-        return revision_of(sys.argv[0] if sys.argv and sys.argv[0] else None)
-    except Exception:
-        return None
-
-
-def _seal(writer: Any, rec: TorchRecorder, outcome: Outcome) -> None:
-    try:
-        from reprobisect.runners.environment import collect_environment
-
-        env = collect_environment()
-    except Exception as e:
-        env = {"error": f"environment record failed: {type(e).__name__}: {e}"}
-    extra: dict[str, Any] = {}
-    if rec.notes:
-        extra["notes"] = list(rec.notes)
-    if rec.first_nonfinite is not None:
-        extra["first_nonfinite"] = {"step": rec.first_nonfinite[0], "record": rec.first_nonfinite[1]}
-    tail = rec.evaluation_after_last_step()
-    if tail:
-        extra["eval_after_last_step"] = tail
-    status = "complete" if outcome.status in ("ok", "nonfinite") else "failed"
-    writer.close(status, outcome=outcome.to_json(), error=None if status == "complete" else str(outcome),
-                 environment=env, extra=extra)
+    seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))

@@ -401,17 +401,26 @@ def _save_log(end: _Ended, trace_dir: Path) -> None:
             pass  # the output is a courtesy: never a reason to lose the probe
 
 
-def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Path | None = None) -> Outcome:
-    """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
-    rc, err = end.returncode, end.err
+def _killed(spec: ProbeSpec, end: _Ended, rc: int, how: str) -> Outcome | None:
+    """The outcome of a probe ended from outside (its timeout, a signal), else None: never
+    evidence about the code."""
     if end.timed_out:
-        return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; process group killed", returncode=rc)
+        return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; {how}", returncode=rc)
     if rc < 0:
         try:
             name = signal.Signals(-rc).name
         except ValueError:
             name = f"signal {-rc}"
         return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
+    return None
+
+
+def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Path | None = None) -> Outcome:
+    """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
+    rc, err = end.returncode, end.err
+    killed = _killed(spec, end, rc, "process group killed")
+    if killed is not None:
+        return killed
     shards = anycommand.read_shards(trace_dir)
     if shards:  # ranks the program started (mp.spawn): they are the trace, the launcher's own is empty
         parent = _sealed_outcome(trace_dir)
@@ -441,15 +450,9 @@ def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) ->
     """The outcome of a command that ran as given: timeout, signal, then the shards of its
     ranks, the flat trace its training process wrote, or its exit status."""
     rc, err = (0 if end.cut else end.returncode), end.err
-    if end.timed_out:
-        return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; every process of the probe killed",
-                       returncode=rc)
-    if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
+    killed = _killed(spec, end, rc, "every process of the probe killed")
+    if killed is not None:
+        return killed
     shards = anycommand.read_shards(trace_dir)
     if shards:
         return _with(anycommand.judge_ranks(shards, rc, err, bootstrap.crash_times(boot)), trace=str(trace_dir))

@@ -39,6 +39,8 @@ from typing import Any, Callable
 
 import torch
 
+from reprobisect.runners.policy import StopRun
+
 __all__ = ["NOTE", "ForwardHooks", "execution", "first_cause", "install_compile_watch", "unwrap", "user_path"]
 
 NOTE = "activations inside compiled regions are not recorded"
@@ -58,7 +60,7 @@ def first_cause(e: BaseException) -> str:
     chain: list[BaseException] = []
     cur: BaseException | None = e
     while cur is not None and all(cur is not c for c in chain) and len(chain) < 20:
-        if not (type(cur).__name__ == "StopRun" and type(cur).__module__ == "reprobisect.runners.torch"):
+        if not isinstance(cur, StopRun):
             chain.append(cur)
         cur = cur.__cause__ if cur.__cause__ is not None else (None if cur.__suppress_context__ else cur.__context__)
     if not chain:

@@ -76,6 +76,7 @@ from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
 from reprobisect.errors import UsageError
 from reprobisect.runners.watch import Activator as _Activator
 from reprobisect.runners.environment import collect_environment, revision_of
+from reprobisect.runners.policy import StopRun
 from reprobisect.runners.registry import RecorderEntry, recorders
 from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS
 from reprobisect.trace.writer import TraceWriter
@@ -302,7 +303,7 @@ class _Run:
             return Outcome(Status.SKIP, detail=str(e))
         if getattr(self.replayer, "refused", None):
             return Outcome(Status.SKIP, detail=self.replayer.refused)
-        from_stop = type(e).__name__ == "StopRun" and type(e).__module__ == "reprobisect.runners.torch"
+        from_stop = isinstance(e, StopRun)
         if not from_stop and self.recorder is not None and self.recorder.stop is not None:
             e = self.recorder.stop  # the recorder stopped the run and the program turned that into another exception
             from_stop = True

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from reprobisect import native
 from reprobisect.runners import lightning
+from reprobisect.runners.policy import policy_from
 
 __all__ = ["RecorderEntry", "register", "unregister", "recorders"]
 
@@ -68,21 +69,9 @@ def recorders() -> tuple[RecorderEntry, ...]:
 
 def _activate_torch(run: Any) -> Any:
     """The PyTorch recorder (``reprobisect.runners.torch``) with the launcher's policy."""
-    from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # the framework: imported when the script did
+    from reprobisect.runners.torch import TorchRecorder  # the framework: imported when the script did
 
-    ns = run.ns
-    policy = RecordPolicy(
-        steps=ns.steps,
-        full_steps=tuple(ns.full_steps),
-        state_steps=tuple(ns.state_steps),
-        stop_on_nonfinite=ns.stop_on_nonfinite,
-        max_disk=ns.max_disk,
-        zoom_module=ns.zoom_module,
-        zoom_step=ns.zoom_step,
-        max_records_per_step=ns.max_records_per_step,
-        detail=getattr(ns, "detail", "full"),
-        state_every=getattr(ns, "state_every", None),
-    )
+    policy = policy_from(run.ns)
     recorder = TorchRecorder(run.writer, policy, stop_at_limit=True).install()
     native.kernel()  # built (once per machine) or loaded now, not inside the first step
     return recorder
@@ -92,26 +81,11 @@ register("torch", "torch", _activate_torch)
 register("lightning", tuple(lightning.FACTORY_GROUPS), lightning.activate)
 
 
-def _tf_policy(ns: Any) -> Any:
-    from reprobisect.runners.tensorflow import RecordPolicy  # the framework: imported when the script did
-
-    return RecordPolicy(
-        steps=ns.steps,
-        full_steps=tuple(ns.full_steps),
-        state_steps=tuple(ns.state_steps),
-        stop_on_nonfinite=ns.stop_on_nonfinite,
-        max_disk=ns.max_disk,
-        max_records_per_step=ns.max_records_per_step,
-        detail=getattr(ns, "detail", "full"),
-        state_every=getattr(ns, "state_every", None),
-    )
-
-
 def _activate_tensorflow(run: Any) -> Any:
     """The TensorFlow/Keras recorder (``reprobisect.runners.tensorflow``); never imports torch."""
     from reprobisect.runners.tensorflow import TFRecorder
 
-    return TFRecorder(run.writer, _tf_policy(run.ns), stop_at_limit=True).install()
+    return TFRecorder(run.writer, policy_from(run.ns), stop_at_limit=True).install()
 
 
 def _activate_keras(run: Any) -> Any:

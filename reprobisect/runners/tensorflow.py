@@ -102,7 +102,8 @@ from reprobisect.errors import UsageError
 from reprobisect.runners import fingerprint_tf as fptf
 from reprobisect.trace import record_array
 from reprobisect.trace.fingerprint import dtype_name
-from reprobisect.trace.format import DEFAULT_STATE_EVERY, DETAILS, KINDS, SENTINEL_KINDS, Record
+from reprobisect.runners.policy import RecordPolicy, StopRun
+from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record
 
 __all__ = ["RecordPolicy", "StopRun", "TFRecorder", "current", "install_keras"]
 
@@ -113,53 +114,6 @@ _ROW_KEEPING = {f"{n}Dataset" for n in ("Batch", "Shuffle", "Prefetch", "Repeat"
 _XLA_LAYERS = "not recorded: XLA (jit_compile=True)"
 _EVAL_OUTPUTS = 16  # outputs fingerprinted per evaluation run (as the torch recorder)
 _GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecordPolicy:
-    """What to record, and for how long (the fields of ``reprobisect.runners.torch.RecordPolicy``)."""
-
-    steps: int = 3
-    full_steps: tuple[int, ...] = ()
-    state_steps: tuple[int, ...] = ()
-    stop_on_nonfinite: bool = False
-    max_disk: int | None = None
-    stats: bool = True
-    max_records_per_step: int = 20000
-    detail: str = "full"
-    state_every: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.detail not in DETAILS:
-            raise UsageError(f"detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
-        if self.state_every is None and self.detail == "sentinel":
-            object.__setattr__(self, "state_every", DEFAULT_STATE_EVERY)
-
-    @property
-    def sentinel(self) -> bool:
-        return self.detail == "sentinel"
-
-    def wants_state(self, step: int) -> bool:
-        k = self.state_every
-        return step in self.state_steps or (k is not None and step % k == k - 1)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "full_steps": list(self.full_steps), "state_steps": list(self.state_steps),
-                "stop_on_nonfinite": self.stop_on_nonfinite, "max_disk": self.max_disk, "stats": self.stats,
-                "max_records_per_step": self.max_records_per_step, "detail": self.detail,
-                "state_every": self.state_every}
-
-
-class StopRun(BaseException):
-    """Ends the user's run after the last recorded step (a ``BaseException``: an
-    ``except Exception`` in the loop does not swallow it)."""
-
-    def __init__(self, reason: str, step: int, detail: str = "", traceback: str | None = None) -> None:
-        super().__init__(f"reprobisect: {reason} at step {step}")
-        self.reason = reason  # ok | nonfinite | recorder_error | no_steps
-        self.step = step
-        self.detail = detail
-        self.traceback = traceback
 
 
 @dataclass
