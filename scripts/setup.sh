@@ -5,6 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${REPROBISECT_VENV:-.venv}
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
+# headless chromium renders the HTML reports in tests (tests/test_report_browser.py);
+# installed only when missing, only as root with apt-get, else one note line
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+      || echo "note: apt-get install chromium failed; the browser tests of the HTML report will skip" >&2
+  else
+    echo "note: chromium is not installed (needs root and apt-get); the browser tests of the HTML report will skip" >&2
+  fi
+fi
 want=$(cat pyproject.toml constraints/dev.txt | sha256sum | cut -c1-16)
 stamp="$VENV/.reprobisect-installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/bisect" ]; then

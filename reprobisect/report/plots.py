@@ -1,0 +1,192 @@
+"""The report's plots, drawn by matplotlib and returned as SVG text to inline in the page.
+
+matplotlib is imported inside each function (``bisect --help`` and the trace code never
+pay for it), on the Agg backend, with ``MPLCONFIGDIR`` pointed at a temporary folder when
+unset (``reprobisect-mpl-UID``, kept for matplotlib's font cache: a report never writes
+into the user's home). SVG is kept small: text as text
+(``svg.fonttype: none``), long series reduced to at most ``MAX_POINTS`` points by taking
+the maximum of each bin (a spike is never averaged away), no per-point markers on long
+series, heatmaps as one embedded raster. Each figure of a page is given its own salt
+(``svg.hashsalt``), so the ids of several SVGs in one page never collide, and the same
+input gives the same page byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import tempfile
+from typing import Any, Sequence
+
+from reprobisect.report.stages import ModuleGrid, StageSeries
+
+__all__ = ["stage_plot", "module_heatmap", "history_plot", "downsample_max", "MAX_POINTS"]
+
+MAX_POINTS = 400
+"""Points per plotted series at most (longer ones are binned by their maximum)."""
+_VERDICT_COLOURS = {"bitwise": "#2e7d32", "within-noise": "#9ccc65", "diverged": "#c62828",
+                    "inconclusive": "#f9a825"}
+
+
+def _pyplot() -> Any:
+    if not os.environ.get("MPLCONFIGDIR"):
+        # one folder per user, kept: matplotlib builds its font cache there once, not per report
+        folder = os.path.join(tempfile.gettempdir(), f"reprobisect-mpl-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.environ["MPLCONFIGDIR"] = folder
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _svg(fig: Any, salt: str) -> str:
+    """The figure as SVG text without the XML prolog (ready to inline), then closed; ``salt``
+    makes its element ids differ from every other figure's in the page."""
+    import matplotlib
+
+    plt = _pyplot()
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"rb-{salt}",
+                                "svg.image_inline": True}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else text
+
+
+def downsample_max(xs: Sequence[int], ys: Sequence[float], n: int = MAX_POINTS) -> tuple[list[int], list[float]]:
+    """At most ``n`` points: each bin's first x and its largest finite y (NaN when it has none)."""
+    if len(xs) <= n:
+        return list(xs), list(ys)
+    out_x, out_y = [], []
+    size = math.ceil(len(xs) / n)
+    for lo in range(0, len(xs), size):
+        chunk = [y for y in ys[lo:lo + size] if not math.isnan(y)]
+        out_x.append(xs[lo])
+        out_y.append(max(chunk) if chunk else math.nan)
+    return out_x, out_y
+
+
+def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str = "", salt: str = "stages") -> str:
+    """Two panels over the steps: the largest relative difference per stage (log scale;
+    identical steps are gaps) and the number of records that differ per stage."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    cmap = plt.get_cmap("tab10")
+    steps = list(series.steps)
+    marker = len(steps) <= 30
+    ceiling = 10.0
+    for i, stage in enumerate(series.stages):
+        ys = [min(v, ceiling) if v > 0 else math.nan for v in series.rel[stage]]
+        xs, ys = downsample_max(steps, ys)
+        colour = cmap(i % 10)
+        if any(not math.isnan(y) for y in ys):
+            top.plot(xs, ys, label=stage, color=colour, lw=1.4, marker="o" if marker else None, ms=3)
+        cx, cy = downsample_max(steps, [float(c) for c in series.differ[stage]])
+        if any(cy):
+            bottom.step(cx, cy, where="post", color=colour, lw=1.2)
+    top.set_yscale("log")
+    top.set_ylabel("max |a−b| / max |b|")
+    if first_step is not None:
+        for ax in (top, bottom):
+            ax.axvline(first_step, color="#555", ls="--", lw=0.9)
+        top.annotate(f"first divergence (step {first_step})", xy=(first_step, 1), xycoords=("data", "axes fraction"),
+                     xytext=(4, -12), textcoords="offset points", fontsize=8, color="#333")
+    if top.get_legend_handles_labels()[0]:
+        top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    else:
+        top.text(0.5, 0.5, "every stage bit-identical at every step", ha="center", va="center", transform=top.transAxes)
+    top.grid(True, which="major", alpha=0.3)
+    bottom.set_ylabel("records differing", fontsize=8)
+    bottom.set_xlabel("step")
+    bottom.grid(True, alpha=0.3)
+    if title:
+        top.set_title(title, fontsize=10)
+    return _svg(fig, salt)
+
+
+def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
+    """Modules × stages at one step, colour = log10 of the relative difference (viridis:
+    no colour of the scale is near the white of an empty cell); identical cells light grey, cells without a record blank, differing-but-unsized cells hatched."""
+    import numpy as np
+
+    plt = _pyplot()
+    rows, cols = len(grid.modules), len(grid.stages)
+    data = np.full((rows, cols), np.nan)
+    same = np.zeros((rows, cols), bool)
+    unsized = []
+    for i, row in enumerate(grid.values):
+        for j, v in enumerate(row):
+            if v is None:
+                unsized.append((i, j))
+            elif v == 0:
+                same[i, j] = True
+            elif not math.isnan(v):
+                data[i, j] = math.log10(min(v, 1e3))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * cols, 1.0 + 0.26 * rows))
+    ax.imshow(np.where(same, 1.0, np.nan), cmap="Greys", vmin=0, vmax=10, aspect="auto", interpolation="nearest")
+    finite = data[~np.isnan(data)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (-8.0, 0.0)
+    if hi - lo < 1:
+        lo, hi = lo - 0.5, hi + 0.5
+    im = ax.imshow(data, cmap="viridis", vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
+    for i, j in unsized:
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#c62828", lw=0.6))
+    ax.set_xticks(range(cols), grid.stages, fontsize=8, rotation=30, ha="right")
+    ax.set_yticks(range(rows), [m if len(m) <= 40 else "…" + m[-39:] for m in grid.modules], fontsize=8)
+    ax.set_title(f"step {grid.step}: log10 relative difference per module and stage", fontsize=10)
+    cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+    cb.set_label("log10(max |a−b| / max |b|)", fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+    return _svg(fig, salt)
+
+
+def history_plot(history: Sequence[dict[str, Any]], *, max_nights: int = 60, salt: str = "history") -> str:
+    """The audit history: per check, the verdict of each night (top) and its wall time (bottom)."""
+    import numpy as np
+
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+
+    nights = sorted({str(h.get("started", "")) for h in history})[-max_nights:]
+    checks = list(dict.fromkeys(str(h.get("check", "?")) for h in history))[:30]
+    col = {n: i for i, n in enumerate(nights)}
+    row = {c: i for i, c in enumerate(checks)}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 1.6 + 0.3 * len(checks) + 2.2), sharex=True,
+                                      gridspec_kw={"height_ratios": [max(1.0, 0.3 * len(checks)), 2.2]})
+    kinds = list(_VERDICT_COLOURS)
+    strip = np.full((len(checks), len(nights)), np.nan)
+    walls: dict[str, list[tuple[int, float]]] = {c: [] for c in checks}
+    for h in history:
+        n, c = str(h.get("started", "")), str(h.get("check", "?"))
+        if n not in col or c not in row:
+            continue
+        v = str(h.get("verdict"))
+        strip[row[c], col[n]] = kinds.index(v) if v in kinds else len(kinds)
+        w = h.get("wall_s")
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w):
+            walls[c].append((col[n], float(w)))
+    cmap = ListedColormap([*_VERDICT_COLOURS.values(), "#9e9e9e"])
+    top.imshow(strip, cmap=cmap, vmin=-0.5, vmax=len(kinds) + 0.5, aspect="auto", interpolation="nearest")
+    top.set_yticks(range(len(checks)), checks, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in _VERDICT_COLOURS.values()]
+    top.legend(handles, list(_VERDICT_COLOURS), fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.0),
+               frameon=False)
+    for c, pts in walls.items():
+        if pts:
+            pts.sort()
+            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.3, label=c,
+                        marker="o" if len(nights) <= 30 else None, ms=3)
+    bottom.set_ylabel("wall time (s)", fontsize=8)
+    bottom.grid(True, alpha=0.3)
+    step = max(1, len(nights) // 10)
+    bottom.set_xticks(range(0, len(nights), step), [nights[i][:10] for i in range(0, len(nights), step)],
+                      fontsize=7, rotation=30, ha="right")
+    if len(checks) > 1 and any(walls.values()):
+        bottom.legend(fontsize=7, ncol=4, frameon=False)
+    return _svg(fig, salt)
