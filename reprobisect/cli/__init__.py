@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
     "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
     "doctor": ("reprobisect.cli.commands.doctor", "Diagnose a training command: first NaN/Inf, a broken update path, nondeterminism."),
+    "audit": ("reprobisect.cli.commands.audit", "Nightly determinism audit: checks from a config, goldens, history, JUnit/JSON/HTML."),
     "report": ("reprobisect.cli.commands.report", "Write a self-contained HTML report of a comparison, a runs session or an audit."),
     "demo": ("reprobisect.cli.commands.demo", "Try it in one minute: bisect a generated repository."),
 }

@@ -19,6 +19,8 @@ import os
 import tempfile
 from typing import Any, Sequence
 
+from reprobisect.errors import UsageError
+
 from reprobisect.report.stages import ModuleGrid, StageSeries
 
 __all__ = ["stage_plot", "module_heatmap", "history_plot", "downsample_max", "MAX_POINTS"]
@@ -35,8 +37,11 @@ def _pyplot() -> Any:
         folder = os.path.join(tempfile.gettempdir(), f"reprobisect-mpl-{os.getuid() if hasattr(os, 'getuid') else 0}")
         os.makedirs(folder, mode=0o700, exist_ok=True)
         os.environ["MPLCONFIGDIR"] = folder
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("HTML reports draw their plots with matplotlib, which is not installed: "
+                         "pip install 'reprobisect[report]'") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,55 @@
+"""``bisect audit``: the text summary and the audit result document (``--json``, the HTML's input).
+
+The document's shape is the contract with ``bisect report`` (``kind: reprobisect.audit``,
+``version: 1``); keys may be added, none removed or renamed. Reads results by attribute
+only; imports nothing of reprobisect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["audit_json", "render_audit"]
+
+_MARK = {"bitwise": "PASS", "within-noise": "PASS", "diverged": "FAIL", "inconclusive": "INCONCLUSIVE"}
+
+
+def _check_json(c: Any) -> dict[str, Any]:
+    trend = c.trend.to_json() if c.trend is not None else {"last_pass": None, "failing_nights": 0, "nights": 0}
+    return {
+        "name": c.name, "check": c.check, "verdict": c.verdict, "passed": bool(c), "line": c.line,
+        "first_divergence": c.first_divergence, "reason": c.reason, "command": list(c.command),
+        "wall_s": round(c.wall_s, 3), "traces": dict(c.traces), "envdiff": list(c.envdiff),
+        "culprit": c.culprit.to_json() if c.culprit is not None and c.culprit.commit else None,
+        "bisect": c.culprit.line if c.culprit is not None else None,
+        "noise": c.noise, "history": trend,
+    }
+
+
+def audit_json(result: Any) -> dict[str, Any]:
+    """The audit result document (see ``/docs/audit.md`` and the report's contract)."""
+    return {
+        "kind": "reprobisect.audit", "version": 1, "config": result.config, "name": result.name,
+        "started": result.started, "wall_s": round(result.wall_s, 3), "passed": bool(result),
+        "exit_code": result.exit_code, "revision": result.revision, "update_golden": result.updated,
+        "results_dir": result.results_dir,
+        "checks": [_check_json(c) for c in result.checks],
+        "history": [{"started": n.started, "check": n.check, "verdict": n.verdict, "wall_s": round(n.wall_s, 3),
+                     "revision": n.revision, "line": n.line} for n in result.history],
+    }
+
+
+def render_audit(result: Any) -> str:
+    """One line per check, then the culprits and the total."""
+    lines = [f"audit '{result.name}'" + (" (recording goldens)" if result.updated else "")
+             + (f" at {result.revision[:10]}" if result.revision else "")]
+    for c in result.checks:
+        lines.append(f"  {_MARK[c.verdict]:<12} {c.name} [{c.check}] {c.verdict}: {c.line} ({c.wall_s:.1f}s)")
+        if c.culprit is not None:
+            lines.append(f"               auto-bisect: {c.culprit.line}")
+        if c.trend is not None and not bool(c):
+            since = c.trend.last_pass or "never"
+            lines.append(f"               failing {c.trend.failing_nights} night(s); last passed: {since}")
+    n = sum(1 for c in result.checks if c)
+    lines.append(f"{n}/{len(result.checks)} passed in {result.wall_s:.1f}s")
+    return "\n".join(lines)

@@ -1,0 +1,392 @@
+"""``run_audit``: run every check of an audit config, judge each in four tiers, keep the history.
+
+Tiers (``TIERS``): ``bitwise`` (identical), ``within-noise`` (differs, inside the accepted
+band: a golden's calibrated noise band, or the check's ``tolerance``), ``diverged`` (the
+first divergence: step · stage · tensor, rank where it applies), ``inconclusive`` (the
+probe could not run: skip, timeout, infra, a crash, a missing golden — never a pass).
+A check that fails or raises never stops the others. A diverged golden check is bisected
+by itself (``bisect runs`` between the last good revision and the current one) when the
+config names ``repo`` and a last good revision is known (``last_good:`` or the history).
+
+Checks call the workflows' library functions (``run_repro``, ``run_seeds``, ``run_envs``,
+``find_first_bad``) with the audit's executor settings; a check's ``env`` is set in this
+process's environment while it runs (every executor copies it into its probes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from reprobisect.core.options import ProbeOptions
+from reprobisect.errors import ReproError, UsageError
+from reprobisect.executors import executor_for, submit_all
+from reprobisect.executors.retry import retry
+from reprobisect.workflows.audit import golden as goldens
+from reprobisect.workflows.audit import history as hist
+from reprobisect.workflows.audit.config import AuditConfig, CheckSpec
+
+__all__ = ["TIERS", "Culprit", "CheckResult", "AuditResult", "run_audit"]
+
+TIERS = ("bitwise", "within-noise", "diverged", "inconclusive")
+PASSING = ("bitwise", "within-noise")
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The commit an automatic ``bisect runs`` named (or why it named none)."""
+
+    commit: str | None
+    subject: str = ""
+    line: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit, "subject": self.subject, "line": self.line}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's verdict; truthy when it passed (bitwise or within-noise)."""
+
+    name: str
+    check: str
+    verdict: str
+    line: str
+    command: tuple[str, ...]
+    wall_s: float
+    first_divergence: dict[str, Any] | None = None
+    reason: str | None = None
+    traces: dict[str, str] = field(default_factory=dict)
+    envdiff: tuple[str, ...] = ()
+    culprit: Culprit | None = None
+    noise: dict[str, Any] | None = None
+    trend: hist.CheckTrend | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in TIERS:
+            raise ValueError(f"unknown audit verdict '{self.verdict}' (one of {', '.join(TIERS)})")
+
+    def __bool__(self) -> bool:
+        return self.verdict in PASSING
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """A whole night: every check's result and the history; truthy when every check passed."""
+
+    config: str
+    name: str
+    started: str
+    wall_s: float
+    checks: tuple[CheckResult, ...]
+    history: tuple[hist.Night, ...] = ()
+    revision: str | None = None
+    updated: bool = False
+    """``--update-golden``: goldens were recorded, nothing was judged."""
+    results_dir: str = ""
+
+    def __bool__(self) -> bool:
+        return all(bool(c) for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self else 1
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def revision_of(folder: Path) -> str | None:
+    """``git rev-parse HEAD`` of the repository holding ``folder`` (None: not a git checkout)."""
+    try:
+        p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (p.stdout.strip() or None) if p.returncode == 0 else None
+
+
+def first_divergence(comp: Any) -> tuple[dict[str, Any] | None, str]:
+    """The contract's ``first_divergence`` and its one line, from a ``Comparison``."""
+    d = getattr(comp, "first", None)
+    if d is None:
+        structure = getattr(comp, "structure", "") or "the traces differ in structure"
+        return None, f"traces differ: {structure}"
+    tensor = f"{d.kind} '{d.name}'"
+    rank = f" (rank {d.rank})" if d.rank is not None else ""
+    size = f" (max abs {d.diff.max_abs:.3g})" if d.diff.max_abs is not None else ""
+    fd = {"step": d.step, "stage": d.kind, "tensor": tensor, "rank": d.rank}
+    return fd, f"first divergence at step {d.step} · {d.kind} · {tensor}{rank}{size}"
+
+
+def _close(comps: Any) -> bool:
+    """Whether any comparison agreed only within tolerance (some record ``close``, not identical)."""
+    return any(s.close for c in comps for s in getattr(c, "per_step", ()))
+
+
+def _agreeing(name: str, kind: str, comps: Any, tol_text: str) -> tuple[str, str, dict[str, Any] | None]:
+    if _close(comps):
+        return "within-noise", f"agree within tolerance ({tol_text})", {"tolerance": tol_text}
+    return "bitwise", "identical", None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _options(base: ProbeOptions, spec: CheckSpec, out: Path, **kw: Any) -> ProbeOptions:
+    if spec.check == "envs" or (spec.tolerance is not None and spec.tolerance.mode != "bitwise"):
+        # a value tolerance needs the tensors to tell close from diverged (stats alone cannot)
+        kw.setdefault("full_steps", tuple(range(spec.steps + 1)))
+    return replace(base, steps=spec.steps, timeout=spec.timeout if spec.timeout is not None else base.timeout,
+                   detail=spec.detail, tolerance=spec.tolerance, keep=True, out=out, quiet=True, **kw)
+
+
+def _repro(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
+    from reprobisect.workflows.repro import run_repro
+
+    r = run_repro(list(spec.command), opts, runs=spec.runs, cwd=cwd)
+    traces = {"a": r.runs[0].trace_dir or "", "b": r.runs[-1].trace_dir or ""}
+    if r:
+        verdict, line, noise = _agreeing(spec.name, "repro", r.comparisons, r.tolerance.describe())
+        return {"verdict": verdict, "line": f"{len(r.runs)} runs {line}", "noise": noise, "traces": traces}
+    i, comp = r.first_difference
+    fd, line = first_divergence(comp)
+    traces["b"] = r.runs[i].trace_dir or ""
+    return {"verdict": "diverged", "line": f"run {i} differs from run 0: {line}", "first_divergence": fd, "traces": traces,
+            "envdiff": [str(e) for e in comp.env if not e.info]}
+
+
+def _seeds(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
+    from reprobisect.workflows.seeds import run_seeds
+
+    m = run_seeds(list(spec.command), opts, seeds=spec.seeds, cwd=cwd)
+    traces = {"a": m.runs[0].trace_dir or "", "b": m.runs[1].trace_dir or ""}
+    if m:
+        changed = ", ".join(c.component for c in m.components if c.status == "changed") or "none"
+        return {"verdict": "bitwise", "line": f"every component follows the seed as it should (changed with the seed: {changed})",
+                "traces": traces}
+    fd, where = first_divergence(m.first_divergence) if m.first_divergence is not None else (None, "")
+    return {"verdict": "diverged", "line": "; ".join(m.flags) + (f" ({where})" if fd else ""), "first_divergence": fd,
+            "traces": traces}
+
+
+def _envs(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
+    from reprobisect.workflows.envs import run_envs
+
+    r = run_envs(list(spec.command), opts, a=spec.a, b=spec.b, cwd=cwd)
+    traces = {"a": r.runs[0].trace_dir or "", "b": r.runs[1].trace_dir or ""}
+    envdiff = [str(e) for e in r.env_changes if not e.info]
+    if r:
+        verdict, line, noise = _agreeing(spec.name, "envs", [r.comparison], r.comparison.tolerance.describe())
+        return {"verdict": verdict, "line": f"{spec.a} and {spec.b} {line}", "noise": noise, "traces": traces,
+                "envdiff": envdiff}
+    fd, line = first_divergence(r.comparison)
+    return {"verdict": "diverged", "line": line, "first_divergence": fd, "traces": traces, "envdiff": envdiff}
+
+
+def _resume(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
+    try:
+        import reprobisect.workflows.resume  # noqa: F401  TODO(merge: resume): call its library function here
+    except ImportError:
+        return {"verdict": "inconclusive", "line": "needs bisect resume, which this installation does not have",
+                "reason": "a resume check needs bisect resume (reprobisect.workflows.resume); use a newer reprobisect"}
+    return {"verdict": "inconclusive", "line": "resume checks are not wired to bisect resume yet",
+            "reason": "TODO(merge: resume): the audit does not call bisect resume's library yet"}
+
+
+def _full(opts: ProbeOptions, spec: CheckSpec) -> ProbeOptions:
+    # goldens keep every recorded step's full tensors: the noise band is sized from them
+    return replace(opts, full_steps=tuple(range(spec.steps + 1)))
+
+
+def _probe(spec: CheckSpec, opts: ProbeOptions, cwd: Path, n: int) -> list[Any]:
+    from reprobisect.workflows.repro import spec_for
+
+    tag = uuid.uuid4().hex[:6]
+    specs = [spec_for(list(spec.command), opts, key=f"golden-{tag}-{i}", workdir=cwd) for i in range(n)]
+    with executor_for(opts) as ex:
+        return [retry(ex, f.result()) for f in submit_all(ex, specs)]  # a timeout or infra failure: once more
+
+
+def _noise(band: goldens.NoiseBand) -> dict[str, Any]:
+    """The band as the result document says it (non-finite figures as null: strict JSON)."""
+    def f(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {"tensors": len(band.tensors), "max_rel": f(band.max_rel), "max_abs": f(band.max_abs), "runs": band.runs,
+            "safety": goldens.SAFETY}
+
+
+def _ended(r: Any) -> str:
+    o = r.outcome
+    return f"the run ended {o.status}" + (f": {o.detail}" if o.detail else "")
+
+
+def _golden(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list[hist.Night],
+            revision: str | None) -> dict[str, Any]:
+    assert spec.golden is not None
+    if cfg.golden_remote and cfg.repo is not None:
+        goldens.dvc_fetch(cfg.repo, spec.golden, cfg.golden_remote)
+    gtrace, band = goldens.load_golden(spec.golden)
+    (run,) = _probe(spec, _full(opts, spec), cfg.folder, 1)
+    if not run.outcome:
+        if run.outcome.status.is_evidence:  # crashed / nonfinite: the code no longer trains as the golden did
+            return {"verdict": "diverged", "line": _ended(run), "traces": {"a": gtrace}}
+        return {"verdict": "inconclusive", "line": _ended(run), "reason": _ended(run), "traces": {"a": gtrace}}
+    tier, comp, band = goldens.judge(spec.golden, run.trace_dir)
+    traces = {"a": gtrace, "b": run.trace_dir}
+    envdiff = [str(e) for e in comp.env if not e.info]
+    noise = _noise(band)
+    if tier == "bitwise":
+        return {"verdict": tier, "line": "identical to the golden", "traces": traces, "envdiff": envdiff}
+    if tier == "within-noise":
+        return {"verdict": tier, "line": f"differs from the golden within its noise band ({len(band.tensors)} tensors "
+                f"calibrated from {band.runs} runs, x{goldens.SAFETY:g})", "traces": traces, "noise": noise, "envdiff": envdiff}
+    fd, line = first_divergence(comp)
+    out = {"verdict": "diverged", "line": f"{line} (outside the golden's noise band)" if band.tensors else line,
+           "first_divergence": fd, "traces": traces, "envdiff": envdiff, "noise": noise if band.tensors else None}
+    out["culprit"] = _bisect(spec, opts, cfg, history, revision, band)
+    return out
+
+
+def _bisect(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list[hist.Night], revision: str | None,
+            band: goldens.NoiseBand) -> Culprit | None:
+    if cfg.repo is None or revision is None:
+        return None
+    good = cfg.last_good or hist.last_pass_revision(history, spec.name)
+    if not good:
+        return None
+    from reprobisect.workflows.runs import RunsConfig, find_first_bad
+
+    p = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{good}^{{commit}}"], cwd=cfg.repo,
+                       capture_output=True, text=True, timeout=30)
+    good_hash = p.stdout.strip()
+    if p.returncode != 0 or not good_hash:
+        return Culprit(None, line=f"auto-bisect could not run: last good revision '{good}' is not a commit of {cfg.repo}")
+    if good_hash == revision:
+        return Culprit(None, line="no commit since the last good revision: the change is not in the code "
+                                  "(environment, data or hardware)")
+    rc = RunsConfig(good=good, bad=revision, command=tuple(spec.command), repo=str(cfg.repo), cwd=str(cfg.folder),
+                    check="match", env=dict(spec.env),
+                    options=replace(opts, tolerance=goldens.band_tolerance(band), keep=False, out=None, full_steps=()))
+    try:
+        r = find_first_bad(rc)
+    except ReproError as e:
+        return Culprit(None, line=f"auto-bisect could not run: {e}")
+    if r.first_bad is None or r.inconclusive:
+        return Culprit(None, line=f"auto-bisect inconclusive: {r.inconclusive or r.reason}")
+    c = r.first_bad
+    return Culprit(c.hash, subject=c.subject, line=f"first bad commit {c.hash[:10]} {c.subject}".rstrip())
+
+
+_KINDS = {"repro": _repro, "seeds": _seeds, "envs": _envs, "resume": _resume}
+
+
+def _run_check(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path, history: list[hist.Night],
+               revision: str | None) -> CheckResult:
+    t0 = time.perf_counter()
+    folder = out / spec.name
+    opts = _options(base, spec, folder)
+    try:
+        with _environ(dict(spec.env)):
+            if spec.check == "golden":
+                got = _golden(spec, opts, cfg, history, revision)
+            else:
+                got = _KINDS[spec.check](spec, opts, cfg.folder)
+    except ReproError as e:  # a run that could not produce a trace, a missing golden, DVC failing
+        got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
+    except Exception as e:  # noqa: BLE001  one check's bug never stops the others; it is said, never a pass
+        got = {"verdict": "inconclusive", "line": f"internal error: {type(e).__name__}: {e}",
+               "reason": f"internal error: {type(e).__name__}: {e}"}
+    wall = time.perf_counter() - t0
+    return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=wall,
+                       verdict=got["verdict"], line=got["line"], first_divergence=got.get("first_divergence"),
+                       reason=got.get("reason"), traces=got.get("traces") or {}, envdiff=tuple(got.get("envdiff") or ()),
+                       culprit=got.get("culprit"), noise=got.get("noise"))
+
+
+def _record_golden(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path) -> CheckResult:
+    t0 = time.perf_counter()
+    opts = _full(_options(base, spec, out / spec.name), spec)
+    try:
+        with _environ(dict(spec.env)):
+            runs = _probe(spec, opts, cfg.folder, max(1, spec.noise_runs))
+        bad = next((r for r in runs if not r.outcome), None)
+        if bad is not None:
+            raise UsageError(f"cannot record golden '{spec.name}': {_ended(bad)}")
+        assert spec.golden is not None
+        band = goldens.save_golden(spec.golden, [r.trace_dir for r in runs])
+        if cfg.golden_remote and cfg.repo is not None:
+            goldens.dvc_publish(cfg.repo, spec.golden, cfg.golden_remote)
+        kind = "bitwise-reproducible" if not band.tensors else f"noise band over {len(band.tensors)} tensors"
+        got = {"verdict": "bitwise", "line": f"golden recorded from {len(runs)} runs ({kind})",
+               "noise": _noise(band), "traces": {"a": str(spec.golden / goldens.TRACE_DIR)}}
+    except ReproError as e:
+        got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
+    return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=time.perf_counter() - t0,
+                       verdict=got["verdict"], line=got["line"], reason=got.get("reason"), noise=got.get("noise"),
+                       traces=got.get("traces") or {})
+
+
+def run_audit(cfg: AuditConfig, options: ProbeOptions | None = None, *, update_golden: bool = False,
+              results_dir: Path | None = None) -> AuditResult:
+    """Run every check of ``cfg`` (or, with ``update_golden``, record every golden) and keep the night.
+
+    ``options``: the executor settings (``executor``, ``jobs``, its config); each check sets
+    its own steps, timeout, detail and tolerance. Traces are kept under ``results_dir``
+    (default ``.bisect-audit/<night>/`` beside the config). The night is appended to the
+    history database in one transaction (not on ``update_golden``).
+    """
+    base = options or ProbeOptions()
+    t0 = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stamp = started.replace(":", "").replace("+0000", "Z")
+    out = Path(results_dir) if results_dir else cfg.folder / ".bisect-audit" / f"{stamp}-{uuid.uuid4().hex[:4]}"
+    out.mkdir(parents=True, exist_ok=True)
+    db = cfg.history_path
+    key = str(cfg.path)
+    if update_golden:
+        recorded: dict[Path, str] = {}
+        checks_l = []
+        for s in cfg.checks:
+            if s.check != "golden":
+                continue
+            if s.golden in recorded:  # several checks judged against one golden: its first check records it
+                checks_l.append(CheckResult(name=s.name, check=s.check, command=s.command, wall_s=0.0, verdict="bitwise",
+                                            line=f"shares the golden recorded by '{recorded[s.golden]}'"))
+                continue
+            recorded[s.golden] = s.name  # type: ignore[index]
+            checks_l.append(_record_golden(s, base, cfg, out))
+        checks = tuple(checks_l)
+        return AuditResult(config=key, name=cfg.name, started=started, wall_s=time.perf_counter() - t0, checks=checks,
+                           updated=True, results_dir=str(out), history=tuple(hist.nights(db, key)))
+    revision = revision_of(cfg.repo or cfg.folder)
+    past = hist.nights(db, key)
+    results = [_run_check(s, base, cfg, out, past, revision) for s in cfg.checks]
+    hist.record_night(db, key, started, [hist.Night(started, r.name, r.check, revision, r.verdict, r.line, r.wall_s)
+                                         for r in results])
+    now = hist.nights(db, key)
+    results = [replace(r, trend=hist.trend(now, r.name)) for r in results]
+    return AuditResult(config=key, name=cfg.name, started=started, wall_s=time.perf_counter() - t0,
+                       checks=tuple(results), history=tuple(now), revision=revision, results_dir=str(out))
