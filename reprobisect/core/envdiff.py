@@ -13,6 +13,12 @@ Every change is marked:
 ``info``      worth showing but not a cause by itself: host name and platform, package
               import paths, interpreter path, cwd, git branch/root, argv.
 
+The data version (group ``data``: ``{"dvc": {FILE: {OUT: HASH}}}``, from the checkout's
+DVC files) is flattened per DVC file: ``data.data/train.csv.dvc`` when the file declares
+one output, ``data.dvc.lock:data/prepared`` per output otherwise; such a change reads
+``data: data/train.csv.dvc md5 3f2a9c1e… -> 7b0d44e2…`` and comes first among the
+numerics changes (a different dataset explains every tensor after it; ``data_changes``).
+
 Nothing is silently dropped: the record holds no timestamps or pids, so there is no
 key that always differs. A host difference is shown (it often explains the rest, e.g.
 another CPU), but as ``info``, after the numerics changes. Lists (devices) compare whole.
@@ -21,10 +27,11 @@ Pure: no framework import, no I/O. ``reprobisect.render.envs.format_changes`` sa
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
-__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "diff_environments"]
+__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "data_changes", "diff_environments"]
 
 ABSENT = "(absent)"
 """The value shown for a key present on one side only."""
@@ -85,7 +92,14 @@ class EnvChange:
             return "added"
         return "removed" if self.b is ABSENT else "changed"
 
+    @property
+    def is_data(self) -> bool:
+        """A change of the data version (a DVC-tracked output's hash)."""
+        return self.path.startswith(_DATA)
+
     def __str__(self) -> str:
+        if self.is_data:
+            return _data_text(self.path[len(_DATA):], self.a, self.b)
         whole = self.path.rsplit(".", 1)[-1] in _WHOLE
         return f"{self.path}: {_show(self.a, whole)} -> {_show(self.b, whole)}"
 
@@ -101,6 +115,44 @@ def _show(v: Any, whole: bool = False) -> str:
     if isinstance(v, str):
         return v if v == ABSENT else repr(v)
     return repr(v) if whole or not isinstance(v, (list, dict)) else _short(v)
+
+
+_DATA = "data."
+_HEX = re.compile(r"^[0-9a-f]{32}(\.dir)?$")
+
+
+def _data_text(name: str, a: Any, b: Any) -> str:
+    """``data: data/train.csv.dvc md5 3f2a9c1e… -> 7b0d44e2…`` (a folder's hash keeps ``.dir``)."""
+    def h(v: Any) -> str:
+        if not isinstance(v, str) or v == ABSENT:
+            return str(v)
+        return f"{v[:8]}…" + (".dir" if v.endswith(".dir") else "") if _HEX.match(v) else v
+
+    md5 = all(isinstance(v, str) and (v == ABSENT or _HEX.match(v)) for v in (a, b))
+    return f"data: {name} {'md5 ' if md5 else ''}{h(a)} -> {h(b)}"
+
+
+def _data_view(data: Any, other: Any) -> dict[str, Any] | None:
+    """The ``data`` group as {name: hash}: one entry per DVC file that declares one output on
+    both sides (``FILE``), else one per output (``FILE:OUT``). None: not a data version record."""
+    files = data.get("dvc") if isinstance(data, Mapping) else None
+    if not isinstance(files, Mapping) or set(data) - {"dvc"}:
+        return None
+    theirs = other.get("dvc") if isinstance(other, Mapping) and isinstance(other.get("dvc"), Mapping) else {}
+    out: dict[str, Any] = {}
+    for f, outs in files.items():
+        outs = outs if isinstance(outs, Mapping) else {"": outs}
+        names = set(outs) | set(theirs.get(f) or {}) if isinstance(theirs.get(f), Mapping) else set(outs)
+        if len(names) == 1 and "error" not in names:
+            out[str(f)] = next(iter(outs.values()))
+        else:
+            out.update({f"{f}:{o}" if o else str(f): h for o, h in outs.items()})
+    return out
+
+
+def data_changes(changes: Iterable["EnvChange"]) -> list["EnvChange"]:
+    """The changes of the data version among ``changes`` (``EnvChange.is_data``)."""
+    return [c for c in changes if c.is_data]
 
 
 def _short(v: Any, limit: int = 120) -> str:
@@ -131,14 +183,27 @@ def category_of(path: str, info_paths: Iterable[str] = INFO_PATHS) -> str:
     return "info" if any(_matches(path, p) for p in info_paths) else "numerics"
 
 
+def _flat(env: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``env`` flattened to key paths; the data version per DVC file (``_data_view``)."""
+    env = dict(env or {})
+    view = _data_view(env.get("data"), (other or {}).get("data"))
+    if view is None:
+        if env.get("data") is None and _data_view((other or {}).get("data"), None) is not None:
+            env.pop("data", None)  # no DVC files on this side: the other side's files say "(absent)"
+        return _flatten(env)
+    del env["data"]
+    return {**_flatten(env), **{_DATA + k: v for k, v in view.items()}}
+
+
 def diff_environments(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[EnvChange]:
-    """The changes from ``a`` to ``b``: numerics changes first, then info, each in key order."""
-    fa, fb = _flatten(a or {}), _flatten(b or {})
+    """The changes from ``a`` to ``b``: data version changes first, then the other numerics
+    changes, then info, each in key order."""
+    fa, fb = _flat(a, b), _flat(b, a)
     changes = []
     for path in sorted(set(fa) | set(fb)):
         va, vb = fa.get(path, ABSENT), fb.get(path, ABSENT)
         if va == vb and (path in fa) == (path in fb):
             continue
         changes.append(EnvChange(path=path, a=va, b=vb, category=category_of(path)))
-    changes.sort(key=lambda c: c.category != "numerics")
+    changes.sort(key=lambda c: (c.category != "numerics", not c.is_data))
     return changes

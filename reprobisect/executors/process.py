@@ -26,6 +26,10 @@ command kills all of them, torchrun's ranks in their own sessions included
 (``reprobisect.executors.anycommand``). What a command that runs as given still does
 ``CUT_GRACE_S`` after its recording ended (a job script's evaluation) is stopped and not
 judged. ``python -c CODE`` is still refused (there is no script to re-run).
+
+A probe of a commit in a checkout of its own (a worktree, a Ray worker's unpacked tree)
+first gets that commit's DVC-tracked data from the user's DVC cache, linked, never copied
+(``reprobisect.vcs.dvc``); data that cannot be had makes the probe ``skip`` with the reason.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from reprobisect.executors import anycommand
 from reprobisect.executors.ports import release, rendezvous_vars
 from reprobisect.runners import bootstrap
 from reprobisect.support.outputlog import OUTPUT_LOG, BoundedOutput, echo_streams, pump
+from reprobisect.vcs import dvc
 
 __all__ = ["launch_argv", "run_in_dir", "kill_all_running", "set_owner", "TAIL_BYTES", "KILL_GRACE_S"]
 
@@ -536,8 +541,11 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     end: _Ended | Outcome | None = None
     cmd = launch_argv(spec, trace_dir, cwd) if cwd.is_dir() else []
     outcome = _unrunnable(spec, cwd, cmd)
+    run_spec = spec
+    if outcome is None:  # DVC-tracked data of the probe's own commit, from the user's cache (or skip)
+        outcome, run_spec = _restore_data(spec, workdir)
     if outcome is None:
-        outcome, end = _run_probe(spec, cmd, cwd, trace_dir, echo)
+        outcome, end = _run_probe(run_spec, cmd, cwd, trace_dir, echo)
     ended = end if isinstance(end, _Ended) else _Ended(0, False, "", "", "")
     outcome = _with(outcome, wall_s=round(time.monotonic() - t0, 3))
     if not outcome and spec.repo and spec.revision:
@@ -552,6 +560,30 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
         stderr_tail=ended.err,
         output_tail=ended.both,
     )
+
+
+def _restore_data(spec: ProbeSpec, workdir: Path) -> tuple[Outcome | None, ProbeSpec]:
+    """Make the DVC-tracked data of a commit's checkout appear in it (``reprobisect.vcs.dvc``):
+    (a ``skip`` outcome when it could not, else None; the spec to run, whose environment says
+    how the data came, ``REPROBISECT_PROBE_DATA``: recorded as information)."""
+    if not (spec.repo and spec.revision and dvc.enabled(spec.env)) or workdir.resolve() == Path(spec.repo).resolve():
+        return None, spec  # the user's own checkout is never touched
+    got = dvc.dvc_pull_at(workdir, spec.repo, subdir=spec.subdir, links=spec.links, track=_track)
+    if not got:
+        return Outcome(Status.SKIP, detail=got.detail), spec
+    if got.status == "none":
+        return None, spec
+    said = f"dvc {got.status} {len(got.outs)} output(s) ({got.link or 'linked'}) in {got.wall_s:.1f} s"
+    return None, replace(spec, env={**spec.env, "REPROBISECT_PROBE_DATA": said})
+
+
+def _track(pid: int, running: bool) -> None:
+    """A helper process of the probe (DVC) in its own group: killed with the probes (``kill_all_running``)."""
+    with _LIVE_LOCK:
+        if running:
+            _LIVE[pid] = getattr(_OWNER, "value", None)
+        else:
+            _LIVE.pop(pid, None)
 
 
 def _link_hint(outcome: Outcome, spec: ProbeSpec, workdir: Path, err: str) -> Outcome:

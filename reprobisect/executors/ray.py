@@ -17,6 +17,12 @@ How a probe travels:
   workers see that path (a local Ray instance, a shared file system); on a node that does
   not, the probe is ``skip`` with a message saying so. The links are unlinked before the
   tree is removed.
+* **DVC-tracked data.** The worker's ``run_in_dir`` restores the commit's DVC data into the
+  unpacked tree (``reprobisect.vcs.dvc``, ``core.no_scm``: there is no ``.git``) from the
+  user's DVC cache at the controller's path, linked, never copied: this works where the
+  workers see that path (a local Ray instance, a shared file system). On a node that does
+  not, a configured DVC remote is pulled into the tree's own cache (removed with it);
+  without one the probe is ``skip``, saying the cache is not visible on that node.
 * **One worker process per probe.** The task is declared with ``max_calls=1`` and the
   probe's ``num_cpus``/``num_gpus``: Ray starts a fresh Python worker for every probe, so
   CUDA state never leaks between probes. The worker runs

@@ -61,7 +61,9 @@ def render_env(env: tuple[Any, ...] | list[Any]) -> list[str]:
     env = sorted(env, key=lambda d: (d.info, not _whole(d.key)))
     for d in list(env)[:_ENV_SHOWN]:
         tag = "  (info)" if d.info else ""
-        if d.change == "changed":
+        if getattr(d, "is_data", False):  # a DVC data version: the file and its short hashes
+            lines.append(f"  {d}{tag}")
+        elif d.change == "changed":
             lines.append(f"  {d.key}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
         elif d.change == "added":
             lines.append(f"  {d.key}: only in B = {_short(d.b, d.key)}{tag}")

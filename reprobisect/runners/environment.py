@@ -31,7 +31,9 @@ diff reads well (``reprobisect.core.envdiff``):
                  device type, pair placement); information, not numerics
 ``git``          revision + dirty flag of the repository around the cwd (null outside git)
 ``host``         host name, platform, machine, CPU model, CPU count
-``data``         DVC hashes from dvc.lock and ``*.dvc`` files in the repository root
+``data``         the data version: ``{"dvc": {FILE: {OUT: HASH}}}`` from every ``*.dvc`` file
+                 and ``dvc.lock`` of the checkout (outputs only; ``reprobisect.vcs.dvcfiles``),
+                 so a data change is an environment difference (``data.FILE``)
 
 It is cheap (a few ms with torch imported; the git subprocesses dominate) and it never
 imports a framework that is not in ``sys.modules`` already, so recording a torch script
@@ -566,47 +568,21 @@ def _host() -> dict[str, Any]:
     }
 
 
-_MD5 = re.compile(r"^\s*-?\s*(md5|hash|etag|checksum)\s*:\s*(\S+)", re.M)
-_PATH = re.compile(r"^\s*-?\s*path\s*:\s*(\S+)", re.M)
+def _dvc_root(cwd: str) -> str | None:
+    from reprobisect.vcs.dvcfiles import project_root
 
-
-def _dvc_file(p: Path) -> Any:
-    """Hashes from a DVC file, read as YAML when PyYAML is there, else by regex."""
-    text = p.read_text()
-    try:
-        import yaml  # a core dependency; no dvc import
-
-        data = yaml.safe_load(text)
-    except Exception:
-        return sorted(m.group(2) for m in _MD5.finditer(text))
-    hashes: dict[str, str] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            path = node.get("path")
-            h = node.get("md5") or node.get("hash") or node.get("etag") or node.get("checksum")
-            if isinstance(path, str) and isinstance(h, str):
-                hashes[path] = h
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(data)
-    return dict(sorted(hashes.items()))
+    found = project_root(cwd)
+    return str(found) if found else None
 
 
 def _data(root: str | None) -> dict[str, Any] | None:
+    """The data version of the checkout: what its DVC files declare (``reprobisect.vcs.dvcfiles``,
+    read as YAML; DVC is never imported). ``root``: the git root, else the DVC project around the cwd."""
+    from reprobisect.vcs.dvcfiles import data_version
+
     if root is None:
         return None
-    base = Path(root)
-    files = sorted(base.glob("*.dvc"))
-    if (base / "dvc.lock").is_file():
-        files.insert(0, base / "dvc.lock")
-    if not files:
-        return None
-    return {"dvc": {p.name: _guard(_dvc_file, p) for p in files}}
+    return data_version(root)
 
 
 def collect_environment(extra: dict | None = None) -> dict[str, Any]:
@@ -636,7 +612,7 @@ def collect_environment(extra: dict | None = None) -> dict[str, Any]:
         env["distributed"] = dist
     env["git"] = _guard(_git, cwd)
     root = env["git"].get("root") if isinstance(env["git"], dict) else None
-    env["data"] = _guard(_data, root or cwd)
+    env["data"] = _guard(lambda: _data(root or _dvc_root(cwd)))  # outside git: only inside a DVC project
     env["host"] = _host()
     env["cwd"] = cwd
     if extra:

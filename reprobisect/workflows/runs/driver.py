@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from reprobisect.core.envdiff import data_changes
 from reprobisect.core.verdict import CHECKS, compare_results
 from reprobisect.core.search import Bisection, SearchResult
 from reprobisect.core.session import ResultCache, SessionEvent, SessionLog, cache_key
@@ -424,8 +425,10 @@ class RunsSession:
             return None, f"traces could not be compared: {type(e).__name__}: {e}"
         if bool(comp):
             return None, "the traces agree under the tolerance (the change is not in the recorded steps)"
+        # a data version change (DVC) is an environment difference: said before any tensor
+        text = "".join(f"{c}\n    " for c in data_changes(getattr(comp, "env", ())))
         if comp.first is None:
-            return {"structure": comp.structure}, divergence_text(comp)
+            return {"structure": comp.structure}, text + divergence_text(comp)
         data: dict[str, Any] = {"first": comp.first.to_json(), "origin": comp.origin.to_json() if comp.origin else None,
                                 "environment": [d.to_json() for d in comp.env], "tolerance": comp.tolerance.describe()}
         if getattr(comp, "explanation", ""):
@@ -433,7 +436,7 @@ class RunsSession:
         hints = list(getattr(comp, "hints", None) or ())
         if hints:
             data["hints"] = hints
-        return data, divergence_text(comp)
+        return data, text + divergence_text(comp)
 
 
 def _moved(commit: str, seen: list[tuple[str, str | None]]) -> str:

@@ -22,6 +22,7 @@ from reprobisect.executors.retry import retry
 from reprobisect.core.session import ResultCache, cache_key, probe_environment
 from reprobisect.executors.base import Executor, ProbeResult, ProbeSpec
 from reprobisect.render.runs import divergence_place, verdict_reason
+from reprobisect.vcs.dvc import data_mode, data_skip
 from reprobisect.workflows.runs.result import RunsConfig
 
 __all__ = ["Judged", "Prober"]
@@ -102,6 +103,7 @@ class Prober:
         self.reference_commit: str | None = None
         self.env = probe_environment(env=cfg.env)
         self.links: tuple[str, ...] = ()  # --link paths, checked (git.check_links)
+        self.data = data_mode(repo / subdir, cfg.env)  # DVC data restored in each probe (vcs.dvc)
         self._counter = 0
         self._lock = threading.Lock()
         self.runs = 0
@@ -123,6 +125,7 @@ class Prober:
             repeat=self.cfg.repeat,
             reference=self.reference_commit if self.cfg.check == "match" else None,
             **({"links": list(self.links)} if self.links else {}),  # linked data changes what a probe sees
+            **({"data": self.data} if self.data else {}),
             **(o.launch_fields() if o.detail != "full" or o.state_every else {}),  # what a trace holds
         )
 
@@ -146,7 +149,7 @@ class Prober:
         trace = res.trace_dir if res.trace_dir and Path(res.trace_dir, "manifest.json").is_file() else None
         outcome = res.outcome.to_json()
         entry = None
-        if verdict != "skip" or not res.outcome.retryable:
+        if verdict != "skip" or not (res.outcome.retryable or data_skip(res.outcome.detail)):  # data may come
             entry = self.cache.put(key, verdict=verdict, reason=reason, outcome=outcome, trace=trace,
                                    extra={"commit": commit, "place": place})
         kept = str(entry.trace) if entry is not None and entry.trace else trace
