@@ -17,7 +17,9 @@ script to import a framework and only then activates its recorder: each recorder
 the module that triggers it (``reprobisect.runners.registry``: ``torch`` activates
 ``reprobisect.runners.torch``); nothing else is imported on the script's behalf (no
 TensorFlow). After ``--steps`` optimizer steps the recorder raises ``StopRun`` (a
-``BaseException``) out of ``optimizer.step()``; the launcher then seals the trace, stops
+``BaseException``) out of ``optimizer.step()`` (under Lightning the Trainer is asked to stop
+instead, ``trainer.should_stop``, so checkpoints and loggers finish normally; the raise is
+the fallback when it will not); the launcher then seals the trace, stops
 DataLoader worker processes and any other child process, and leaves with ``os._exit``.
 
 How the run ended is written into the manifest as ``outcome`` (``Outcome.to_json()``) and

@@ -802,6 +802,11 @@ class TorchRecorder:
     def track_loader(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)
 
+    def add_step_scalar(self, key: str, value: Any) -> None:
+        """A runner's scalar for the step in progress (Lightning's ``scalars["lightning"]``)."""
+        if not self.done:
+            self._scalars[key] = value
+
     def _module_name(self, m: torch.nn.Module) -> str:
         name = self._names.get(id(m))
         if name is None:
