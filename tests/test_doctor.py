@@ -219,6 +219,21 @@ def test_healthy_script_gets_nothing_above_info_from_every_check(healthy_json):
     assert {f["check"] for f in doc["findings"]} == set(CHECKS)
     assert all(f["severity"] == "info" for f in doc["findings"]), doc
     assert set(doc["findings"][0]) == {"check", "severity", "cause", "evidence", "next"}
+    assert (doc["framework"], doc["not_applicable"]) == ("torch", {}), doc
+
+
+@pytest.mark.slow
+def test_healthy_script_fits_one_batch_and_is_neither_input_bound_nor_growing(healthy_json):
+    _, doc = healthy_json
+    by = {f["check"]: f for f in doc["findings"]}
+    fit = by["overfit"]
+    assert fit["cause"].startswith("fits one batch"), fit
+    assert fit["evidence"]["table"]["accuracy"][-1] == 1.0 and fit["evidence"]["wall_s"] > 0
+    assert fit["evidence"]["dropout_calls_zeroed"] > 0  # healthy.py has a Dropout(0.1): switched off
+    assert by["input"]["cause"].startswith(("compute-bound", "neither dominates")), by["input"]
+    assert by["memory"]["cause"].startswith("memory steady"), by["memory"]
+    table = by["memory"]["evidence"]["table"]
+    assert table["retained_losses"] == [0] * len(table["step"])
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -251,6 +266,7 @@ def test_checks_parse_in_priority_order_and_the_json_is_strict():
     from reprobisect.workflows.doctor import Finding, parse_checks
 
     assert parse_checks(None) == CHECKS
+    assert CHECKS == ("finite", "update", "overfit", "contract", "modes", "input", "memory", "repro")
     assert parse_checks(["repro", "finite,update", "finite"]) == ("finite", "update", "repro")
     doc = Finding("finite", "error", "x", {"norms": [1.0, float("nan"), float("inf")]}).to_json()
     assert json.loads(json.dumps(doc, allow_nan=False))["evidence"]["norms"] == [1.0, "nan", "inf"]

@@ -46,6 +46,21 @@ def _history(h: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _table(t: dict[str, Any]) -> list[str]:
+    """Columns (name -> values, the first being the step) as rows: the overfit check's table."""
+    cols = [k for k, v in t.items() if isinstance(v, list)]
+    if not cols:
+        return []
+    rows = ["    " + "  ".join(f"{c:>10}" for c in cols)]
+    for i in range(max(len(t[c]) for c in cols)):
+        cells = []
+        for c in cols:
+            v = t[c][i] if i < len(t[c]) else None
+            cells.append(f"{'' if v is None else (f'{v:.0%}' if c == 'accuracy' else _value(v)):>10}")
+        rows.append("    " + "  ".join(cells))
+    return rows
+
+
 def _evidence(ev: dict[str, Any]) -> list[str]:
     lines = []
     for k, v in ev.items():
@@ -54,6 +69,9 @@ def _evidence(ev: dict[str, Any]) -> list[str]:
         if k == "history" and isinstance(v, dict):
             lines.append("  the steps up to it:")
             lines += _history(v)
+        elif k == "table" and isinstance(v, dict):
+            lines.append("  table:")
+            lines += _table(v)
         elif k == "kept" and isinstance(v, dict):
             lines.append("  kept:")
             lines += [f"    {kk.replace('_', ' ')}: {_value(vv)}" for kk, vv in v.items() if vv is not None]
@@ -76,8 +94,11 @@ def render_doctor(d: Any) -> str:
     """The diagnosis as text: the top finding first, with its evidence and next step."""
     counts = {s: sum(1 for f in d.findings if f.severity == s) for s in ("error", "warning", "info")}
     took = f"; {d.wall_s:.1f} s" if d.wall_s is not None else ""
+    framework = getattr(d, "framework", None)
+    skipped = getattr(d, "not_applicable", None) or {}
+    on = f"; {framework}" + (f", where {', '.join(skipped)} do not apply" if skipped else "") if framework else ""
     lines = [f"doctor: {counts['error']} error(s), {counts['warning']} warning(s) "
-             f"(checks: {', '.join(d.checks)}; {d.steps} step(s){took})"]
+             f"(checks: {', '.join(d.checks)}; {d.steps} step(s){on}{took})"]
     if d.healthy:
         lines.append("nothing above info: the checks that ran found no problem")
     for i, f in enumerate(d.findings):

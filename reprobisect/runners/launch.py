@@ -127,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state-every", default=None,
                    help=f"capture complete state after every K-th step (default {DEFAULT_STATE_EVERY} with --detail "
                         "sentinel, else none)")
+    p.add_argument("--overfit", action="store_true", help="bisect doctor: repeat the first batch, dropout and weight decay off")
+    p.add_argument("--memory", action="store_true", help="bisect doctor: record per-step memory figures")
     return p
 
 
@@ -193,6 +195,7 @@ class _Run:
             **({"replay_from": ns.replay_from, "replay_step": ns.replay_step} if ns.replay_from is not None else {}),
             "detail": ns.detail,
             "state_every": ns.state_every,
+            **{k: True for k in ("overfit", "memory") if getattr(ns, k, False)},
         }
         self.writer = writer if writer is not None else TraceWriter(
             ns.trace,

@@ -230,7 +230,7 @@ def make_callback(recorder: Any) -> Any:
     def step_state(trainer: Any) -> None:
         recorder.add_step_scalar("lightning", lightning_state(trainer, bound["batch_idx"]))
 
-    class ReprobisectCallback(_callback_base()):  # type: ignore[misc]
+    class ReprobisectCallback(_phase_hooks(set_phase), _callback_base()):  # type: ignore[misc]
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if stage == "fit":
                 recorder.guarded("lightning_setup", recorder.set_model, pl_module)
@@ -258,6 +258,14 @@ def make_callback(recorder: Any) -> Any:
                 bound["stops"] = False
                 recorder.stop_at_limit = True
 
+    return ReprobisectCallback()
+
+
+def _phase_hooks(set_phase: Any) -> type:
+    """The evaluation-loop hooks of the callback: they name the phase the recorder is in, so
+    sanity-check, validation, test and predict batches are never taken for training steps."""
+
+    class PhaseHooks:
         # evaluation loops: the sanity check runs the validation loop (its hooks keep its name)
         def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
             set_phase("sanity_check")
@@ -283,4 +291,4 @@ def make_callback(recorder: Any) -> Any:
         def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
             set_phase(None)
 
-    return ReprobisectCallback()
+    return PhaseHooks

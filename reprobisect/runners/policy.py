@@ -46,6 +46,11 @@ class RecordPolicy:
     """Capture complete state after every ``state_every``-th step (steps K-1, 2K-1, ...:
     the state a replay of step K starts from), besides ``state_steps``. None: only
     ``state_steps``; with ``detail='sentinel'`` None means ``DEFAULT_STATE_EVERY``."""
+    overfit: bool = False
+    """``bisect doctor``'s fixed-batch test: repeat the first training batch, dropout and
+    weight decay off (``runners.overfit_torch``)."""
+    memory: bool = False
+    """Record per-step memory figures (``scalars["memory"]``; ``runners.memory_torch``)."""
 
     def __post_init__(self) -> None:
         if self.detail not in DETAILS:
@@ -79,6 +84,8 @@ class RecordPolicy:
             "max_records_per_step": self.max_records_per_step,
             "detail": self.detail,
             "state_every": self.state_every,
+            **({"overfit": True} if self.overfit else {}),
+            **({"memory": True} if self.memory else {}),
         }
 
 
@@ -110,4 +117,6 @@ def policy_from(ns: Any) -> RecordPolicy:
         max_records_per_step=ns.max_records_per_step,
         detail=getattr(ns, "detail", "full"),
         state_every=getattr(ns, "state_every", None),
+        overfit=bool(getattr(ns, "overfit", False)),
+        memory=bool(getattr(ns, "memory", False)),
     )

@@ -508,6 +508,10 @@ class TorchRecorder:
         self._dist = distributed_torch.install(self)
         if self._dist is not None:
             self._undo.append(self._dist.remove)
+        if self.policy.overfit or self.policy.memory:  # bisect doctor's switches (their own modules)
+            from reprobisect.runners import doctor_torch
+
+            self._undo.append(doctor_torch.install(self))
         self._installed = True
         global ACTIVE
         ACTIVE = self
@@ -1362,6 +1366,8 @@ class TorchRecorder:
     # -- end of step --------------------------------------------------------------
 
     def _end_step(self, opt: torch.optim.Optimizer | None) -> None:
+        if torch.cuda.is_initialized():  # CUDA runs asynchronously: the step's time includes its device work
+            torch.cuda.synchronize()
         t_end = time.perf_counter()
         if self._dist is not None:
             self._dist.end_step()  # the step's collectives (and a distributed run's buffers)
@@ -1372,6 +1378,8 @@ class TorchRecorder:
             self._scalars["grad_norm"] = _json_float(self._pre_clip_norm(done_pending))
 
         scalars = self._step_scalars(records)
+        for observe in self.__dict__.get("step_observers", ()):  # bisect doctor's (runners.doctor_torch)
+            scalars.update(observe())
         evaluation = self._take_eval()
         if evaluation:
             scalars["eval"] = evaluation

@@ -68,6 +68,8 @@ class CaptureConfig:
     norm, learning rates, scale, parameters after the step; ``reprobisect.trace.format``)."""
     state_every: int | None = None
     """Complete state after every K-th step (None: 50 with ``sentinel``, else only ``state_steps``)."""
+    doctor: tuple[str, ...] = ()
+    """``bisect doctor``'s recorder switches: ``overfit``, ``memory`` (``runners.policy.RecordPolicy``)."""
 
     def __post_init__(self) -> None:
         # NaN compares False with everything: 'timeout <= 0' alone would take --timeout nan as no limit
@@ -92,6 +94,7 @@ class CaptureConfig:
             extra += ["--max-disk", str(self.max_disk)]
         if self.max_records_per_step is not None:
             extra += ["--max-records-per-step", str(self.max_records_per_step)]
+        extra += [f"--{k}" for k in self.doctor]
         return ProbeSpec(
             key="capture",
             argv=tuple(argv),

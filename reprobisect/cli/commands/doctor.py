@@ -14,7 +14,7 @@ from click.core import ParameterSource
 from reprobisect.cli.options import load_config, probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.render.doctor import doctor_json, render_doctor
-from reprobisect.workflows.doctor import CHECKS, DEFAULT_STEPS, parse_checks, run_doctor
+from reprobisect.workflows.doctor import CHECKS, DEFAULT_OVERFIT_STEPS, DEFAULT_STEPS, parse_checks, run_doctor
 
 __all__ = ["command"]
 
@@ -35,16 +35,20 @@ def _steps(options: ProbeOptions) -> ProbeOptions:
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help=f"Run only this check (repeatable; default: all). One of: {', '.join(CHECKS)}.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@click.option("--overfit-steps", type=click.IntRange(min=2), default=DEFAULT_OVERFIT_STEPS, show_default=True,
+              help="Optimizer steps of the fixed-batch run (check overfit).")
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def command(options: ProbeOptions, checks: tuple[str, ...], as_json: bool, cmd: tuple[str, ...]) -> int:
+def command(options: ProbeOptions, checks: tuple[str, ...], as_json: bool, overfit_steps: int,
+            cmd: tuple[str, ...]) -> int:
     """Run the guide's checks on a training command (after --) and print a ranked diagnosis.
 
-    --steps N (default 10) steps are recorded; -o DIR keeps the traces (and, with a NaN,
-    the first bad batch and the last healthy state).
+    --steps N (default 10) steps are recorded; the overfit check trains one repeated batch
+    for --overfit-steps steps; -o DIR keeps the traces (and, with a NaN, the first bad batch
+    and the last healthy state).
     """
     todo = parse_checks(checks)  # before anything runs: an unknown name is one line, exit 2
     argv = split_command(cmd)
-    result = run_doctor(argv, _steps(options), checks=todo)
+    result = run_doctor(argv, _steps(options), checks=todo, overfit_steps=overfit_steps)
     click.echo(json.dumps(doctor_json(result), indent=2) if as_json else render_doctor(result))
     return result.exit_code

@@ -3,10 +3,18 @@
 ``run_doctor(argv, options, checks=...)`` runs the command through the same probe path as
 ``bisect capture`` (the launcher and its recorder; nothing in the script changes) and
 reads the trace; it imports no ML framework. The checks that observe one run (``finite``,
-``update``, ``modes``, ``contract``) share one recording at full detail that stops at the first NaN/Inf;
-``repro`` runs the command twice and compares (``reprobisect.workflows.repro``). It
-returns a ``Diagnosis``: every ``Finding``, most important first (``render.doctor``
-prints it).
+``update``, ``contract``, ``modes``, ``input``, ``memory``) share one recording at full detail that
+stops at the first NaN/Inf (with the recorder's ``memory`` switch when ``memory`` runs);
+``overfit`` records a second, sentinel-detail run with the recorder's ``overfit`` switch
+(one batch repeated, dropout and weight decay off); ``repro`` runs the command twice and
+compares (``reprobisect.workflows.repro``). It returns a ``Diagnosis``: every ``Finding``,
+most important first (``render.doctor`` prints it).
+
+Frameworks: every check runs on PyTorch (and Lightning, which drives PyTorch). On a
+TensorFlow/Keras run (``FRAMEWORK_CHECKS``) ``finite``, ``update`` and ``repro`` run on
+the TensorFlow recorder's trace; the others read what only the PyTorch recorder records,
+so they are reported in ``Diagnosis.not_applicable`` and as an ``info`` "not run" finding,
+never as a pass.
 """
 
 from __future__ import annotations
@@ -20,20 +28,32 @@ from typing import Sequence
 
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import UsageError
-from reprobisect.workflows.doctor.finite import check_finite, first_nonfinite
+from reprobisect.trace.reader import Trace
 from reprobisect.workflows.doctor.contract import check_contract
-from reprobisect.workflows.doctor.modes import check_modes
+from reprobisect.workflows.doctor.finite import check_finite, first_nonfinite
+from reprobisect.workflows.doctor.input import check_input
+from reprobisect.workflows.doctor.memory import check_memory
 from reprobisect.workflows.doctor.model import CHECKS, Diagnosis, Finding, ranked
+from reprobisect.workflows.doctor.modes import check_modes
+from reprobisect.workflows.doctor.overfit import DEFAULT_OVERFIT_STEPS, check_overfit
 from reprobisect.workflows.doctor.repro import check_repro
 from reprobisect.workflows.doctor.run import record_run
 from reprobisect.workflows.doctor.update import check_update
 
-__all__ = ["CHECKS", "DEFAULT_STEPS", "Diagnosis", "Finding", "parse_checks", "run_doctor"]
+__all__ = ["CHECKS", "DEFAULT_OVERFIT_STEPS", "DEFAULT_STEPS", "Diagnosis", "FRAMEWORK_CHECKS", "Finding",
+           "parse_checks", "run_doctor"]
 
 DEFAULT_STEPS = 10
 """Optimizer steps the doctor records when ``--steps`` is not given: enough for a loss to
 move (or visibly not), and for a NaN a few batches in."""
-_SINGLE = ("finite", "update", "modes", "contract")
+_SINGLE = ("finite", "update", "contract", "modes", "input", "memory")
+FRAMEWORK_CHECKS = {"torch": CHECKS, "tensorflow": ("finite", "update", "repro")}
+"""The checks that run on each framework's trace (Lightning runs on the PyTorch recorder)."""
+_TF_WHY = {"overfit": "repeating a batch and switching dropout/weight decay off is done by the PyTorch recorder only",
+           "contract": "it reads the PyTorch loss graph (broadcasts, softmax into a loss on logits)",
+           "modes": "it reads PyTorch's train()/eval() flags of dropout and batch-norm modules",
+           "input": "the TensorFlow recorder does not time the input pipeline",
+           "memory": "the memory figures are recorded by the PyTorch recorder only"}
 
 
 def parse_checks(names: Sequence[str] | None) -> tuple[str, ...]:
@@ -53,15 +73,18 @@ def parse_checks(names: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[str] | None = None,
-               cwd: str | os.PathLike | None = None) -> Diagnosis:
+               cwd: str | os.PathLike | None = None, overfit_steps: int = DEFAULT_OVERFIT_STEPS) -> Diagnosis:
     """Run the ``checks`` (default: all) on ``argv`` and return the ranked ``Diagnosis``.
 
-    ``options.out`` (``-o``): the traces are kept there (``run/``, ``first-nonfinite/``,
-    ``repro/``); without it they are removed at the end.
+    ``options.out`` (``-o``): the traces are kept there (``run/``, ``overfit/``,
+    ``first-nonfinite/``, ``repro/``); without it they are removed at the end.
+    ``overfit_steps``: optimizer steps of the fixed-batch run.
     """
     argv = list(argv)
     if not argv:
         raise UsageError("give the training command after --, e.g. bisect doctor -- python train.py")
+    if isinstance(overfit_steps, bool) or not isinstance(overfit_steps, int) or overfit_steps < 2:
+        raise UsageError(f"--overfit-steps takes a whole number >= 2 (got {overfit_steps!r})")
     todo = parse_checks(checks)
     t0 = time.monotonic()
     out = Path(options.out) if options.out is not None else None
@@ -69,9 +92,12 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
     base = out if out is not None else scratch
     findings: list[Finding] = []
     kept: dict[str, str] = {}
+    frame: list[str | None] = [None]
     try:
         if any(c in todo for c in _SINGLE):
-            findings += _single_run(argv, options, todo, base, cwd, kept)
+            findings += _single_run(argv, options, todo, base, cwd, kept, frame)
+        if "overfit" in todo and frame[0] != "tensorflow":
+            findings += _overfit_run(argv, options, base, cwd, kept, overfit_steps, frame, quiet_crash=bool(findings))
         if "repro" in todo:
             findings += check_repro(argv, options, out=out / "repro" if out else None,
                                     cwd=str(cwd) if cwd else None)
@@ -80,18 +106,33 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+    skipped: dict[str, str] = {}
+    if frame[0] == "tensorflow":
+        skipped = {c: _TF_WHY[c] for c in todo if c not in FRAMEWORK_CHECKS["tensorflow"]}
+        findings = [f for f in findings if f.check not in skipped]
+        findings += [Finding(c, "info", f"not run on a TensorFlow run: {why}", {"framework": "tensorflow"}, "")
+                     for c, why in skipped.items()]
     return Diagnosis(findings=ranked(findings), checks=todo, command=tuple(argv), steps=options.steps,
-                     traces=kept if out is not None else {}, wall_s=round(time.monotonic() - t0, 3))
+                     traces=kept if out is not None else {}, wall_s=round(time.monotonic() - t0, 3),
+                     framework=frame[0], not_applicable=skipped)
+
+
+def framework_of(trace: Trace) -> str:
+    """``tensorflow`` when the TensorFlow recorder wrote ``trace``, else ``torch``."""
+    env = trace.manifest.environment or {}
+    return "tensorflow" if "tensorflow" in env and "torch" not in env else "torch"
 
 
 def _single_run(argv: list[str], options: ProbeOptions, todo: tuple[str, ...], base: Path,
-                cwd: str | os.PathLike | None, kept: dict[str, str]) -> list[Finding]:
+                cwd: str | os.PathLike | None, kept: dict[str, str], frame: list[str | None]) -> list[Finding]:
     """The findings of the checks that read one recorded run."""
-    run = record_run(argv, options, base / "run", cwd=cwd)
+    switches = ("memory",) if "memory" in todo else ()
+    run = record_run(argv, options, base / "run", cwd=cwd, doctor=switches)
     kept["run"] = str(base / "run")
     findings = list(run.findings)
     if run.trace is None:
         return findings
+    frame[0] = framework_of(run.trace)
     if "finite" in todo:
         found = check_finite(run.trace)
         if options.out is not None and first_nonfinite(run.trace) is not None:
@@ -102,10 +143,28 @@ def _single_run(argv: list[str], options: ProbeOptions, todo: tuple[str, ...], b
                              f.next + "; `bisect doctor -o DIR --check finite` keeps the first bad batch and the "
                              "last healthy state")]
         findings += found
-    if "update" in todo:
-        findings += check_update(run.trace)
-    if "modes" in todo:
-        findings += check_modes(run.trace)
-    if "contract" in todo:
-        findings += check_contract(run.trace)
+    for name, check in (("update", check_update), ("contract", check_contract), ("modes", check_modes),
+                        ("input", check_input), ("memory", check_memory)):
+        if name in todo:
+            findings += check(run.trace)
     return findings
+
+
+def _overfit_run(argv: list[str], options: ProbeOptions, base: Path, cwd: str | os.PathLike | None,
+                 kept: dict[str, str], steps: int, frame: list[str | None], *, quiet_crash: bool) -> list[Finding]:
+    """The fixed-batch run (sentinel detail, the recorder's ``overfit`` switch) and its finding."""
+    t0 = time.monotonic()
+    run = record_run(argv, options, base / "overfit", cwd=cwd, steps=steps, detail="sentinel",
+                     state_every=10**9, doctor=("overfit",))
+    wall = time.monotonic() - t0
+    kept["overfit"] = str(base / "overfit")
+    if run.trace is not None and frame[0] is None:
+        frame[0] = framework_of(run.trace)
+    if frame[0] == "tensorflow":
+        return []
+    if run.trace is None or not run.trace.steps:
+        if quiet_crash:  # the one-run checks already report how the command ends
+            return [Finding("overfit", "info", "inconclusive: the fixed-batch run ended without steps "
+                            f"({run.outcome.status})", {"wall_s": round(wall, 2)}, "")]
+        return run.findings
+    return check_overfit(run.trace, wall_s=wall, asked=steps)

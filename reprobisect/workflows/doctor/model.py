@@ -1,9 +1,13 @@
 """The values the doctor returns: a ``Finding`` per thing a check saw, and the ``Diagnosis``.
 
 Severities rank ``error`` > ``warning`` > ``info``; within one severity the checks rank
-in ``CHECKS`` order (the order of the training-debugging guide: first non-finite tensor,
-then the update path, then reproducibility, then train/eval modes, then the loss's contract). ``info`` findings say what a check looked at
-and found healthy; they never make the exit status 1.
+in ``CHECKS`` order, the order of the training-debugging guide's "first broken link": a
+non-finite tensor breaks everything after it; then the update path (no update, nothing
+else matters); then the fixed-batch test (can the model fit at all); then what enters the
+loss (its contract) and the train/eval modes (wrong numbers from a working path); then
+speed and memory (a working run that is slow or will run out); reproducibility last (it
+compares two runs of whatever the run does). ``info`` findings say what a check looked at
+and found healthy, or why it is inconclusive; they never make the exit status 1.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 __all__ = ["CHECKS", "SEVERITIES", "Finding", "Diagnosis"]
 
-CHECKS = ("finite", "update", "repro", "modes", "contract")
+CHECKS = ("finite", "update", "overfit", "contract", "modes", "input", "memory", "repro")
 """The checks that exist, in priority order (their names are the interface: ``--check NAME``)."""
 SEVERITIES = ("error", "warning", "info")
 """Most important first."""
@@ -72,6 +76,10 @@ class Diagnosis:
     traces: dict[str, str] = field(default_factory=dict)
     """What was kept: label -> folder (empty without ``-o``)."""
     wall_s: float | None = None
+    framework: str | None = None
+    """``torch`` or ``tensorflow``: the recorder that recorded the run (None when none did)."""
+    not_applicable: dict[str, str] = field(default_factory=dict)
+    """Checks asked for that do not apply to this run's framework: check -> why (never a pass)."""
 
     @property
     def top(self) -> Finding | None:
@@ -89,7 +97,7 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         return {"findings": [f.to_json() for f in self.findings], "checks": list(self.checks),
                 "command": list(self.command), "steps": self.steps, "traces": dict(self.traces),
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "framework": self.framework, "not_applicable": dict(self.not_applicable)}
 
 
 def ranked(findings: list[Finding]) -> tuple[Finding, ...]:

@@ -83,9 +83,10 @@ def _capture(argv: list[str], dest: Path, config: CaptureConfig, options: ProbeO
 
 
 def record_run(argv: list[str], options: ProbeOptions, dest: Path,
-               cwd: str | os.PathLike | None = None) -> RecordedRun:
-    """Record ``argv`` into ``dest`` (full detail, stop at the first NaN/Inf) and read it."""
-    res = _capture(argv, dest, _config(options), options, cwd)
+               cwd: str | os.PathLike | None = None, **config: object) -> RecordedRun:
+    """Record ``argv`` into ``dest`` (full detail, stop at the first NaN/Inf, unless ``config``
+    overrides ``CaptureConfig`` fields) and read it."""
+    res = _capture(argv, dest, _config(options, **config), options, cwd)
     o = res.outcome
     trace = None
     if o.status in (Status.OK, Status.NONFINITE, Status.CRASHED, Status.TIMEOUT):

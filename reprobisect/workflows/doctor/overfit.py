@@ -1,0 +1,100 @@
+"""``overfit``: the guide's first move, on the user's unmodified command. Reuse one batch,
+dropout and weight decay off, train on it repeatedly; a model and update path that work
+drive the loss far down (and the accuracy to 100 %).
+
+The run is recorded at sentinel detail with the recorder's ``overfit`` switch
+(``runners.overfit_torch``): the first training batch of each ``DataLoader`` is repeated,
+dropout runs with ``p=0``, every param group's weight decay is 0. Read: the loss per step,
+the accuracy on the fixed batch (when output and labels look like classification), what
+was switched off, and how long the run took. Verdicts:
+
+- fits: accuracy 100 %, or the loss at or below 10 % of its first value (or below 1e-3): ``info``;
+- still falling: the loss is lower than at the start, has not fit, and still moved by more
+  than 5 % over the second half of the steps: ``info``, inconclusive, with the number of
+  steps to try (a slow but healthy run is not called broken);
+- cannot fit: a plateau far from fit (at most 5 % change over the second half), or a loss
+  that rose: ``warning`` with what to inspect;
+- not run: no batch came from a ``DataLoader`` to repeat: ``info``, inconclusive (never a pass).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from reprobisect.trace.format import Step, stat_value
+from reprobisect.trace.reader import Trace
+from reprobisect.workflows.doctor.model import Finding
+
+__all__ = ["DEFAULT_OVERFIT_STEPS", "check_overfit"]
+
+DEFAULT_OVERFIT_STEPS = 60
+"""Optimizer steps on the fixed batch when ``--overfit-steps`` is not given."""
+
+
+def _loss(s: Step) -> float | None:
+    try:
+        v = stat_value(s.scalars["loss"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return v
+
+
+def _rows(steps: list[Step]) -> list[int]:
+    """Indices of the table's rows: the first step, a few in between, the last."""
+    n = len(steps)
+    picks = sorted({0, n // 10, n // 4, n // 2, (3 * n) // 4, n - 1})
+    return [i for i in picks if 0 <= i < n]
+
+
+def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Finding]:
+    """The ``overfit`` finding of the fixed-batch run (``asked`` steps, ``wall_s`` seconds)."""
+    steps = list(trace.steps) if trace is not None else []
+    info = [s.scalars.get("overfit") for s in steps if isinstance(s.scalars.get("overfit"), dict)]
+    base: dict[str, Any] = {"steps_run": len(steps), "steps_asked": asked, "wall_s": round(wall_s, 2)}
+    if not steps:
+        return [Finding("overfit", "info", "inconclusive: the fixed-batch run recorded no step", base, "")]
+    if not any(i.get("repeated") for i in info):
+        return [Finding("overfit", "info", "inconclusive: no batch came from a torch DataLoader, so the doctor could "
+                        "not repeat one (a batch built inside the loop is not repeated); the fixed-batch test did not run",
+                        base, "reuse one batch by hand: draw it once before the loop and train on it repeatedly")]
+    losses = [_loss(s) for s in steps]
+    accs = [i.get("accuracy") for i in info] if len(info) == len(steps) else [None] * len(steps)
+    rows = _rows(steps)
+    table = {"step": [steps[i].step for i in rows], "loss": [losses[i] for i in rows]}
+    if any(a is not None for a in accs):
+        table["accuracy"] = [accs[i] for i in rows]
+    last = info[-1] if info else {}
+    ev = {"table": table, **base, "dropout_calls_zeroed": last.get("dropout_zeroed", 0),
+          "weight_decay_zeroed": last.get("weight_decay_zeroed") or {}, "batch_ids": steps[0].batch_ids}
+    bad = next((i for i, v in enumerate(losses) if v is None or not math.isfinite(v)), None)
+    if bad is not None and losses[bad] is not None:
+        return [Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step "
+                        f"{steps[bad].step}: the update is unstable even without changing data", ev,
+                        "lower the learning rate; run `bisect doctor --check finite` for the first non-finite tensor")]
+    vals = [v for v in losses if v is not None]
+    if len(vals) < 2:
+        return [Finding("overfit", "info", "inconclusive: the fixed-batch run recorded no loss to follow", ev, "")]
+    first, end = vals[0], vals[-1]
+    acc_end = accs[-1]
+    took = f"{len(steps)} steps, {base['wall_s']:g} s"
+    if acc_end == 1.0 or end <= 0.1 * first or abs(end) < 1e-3:
+        acc = f", accuracy {acc_end:.0%}" if acc_end is not None else ""
+        return [Finding("overfit", "info", f"fits one batch: loss {first:.4g} -> {end:.4g}{acc} ({took}); the model, "
+                        "loss and update path work together on it", ev, "")]
+    half = vals[len(vals) // 2]
+    stalled = len(vals) >= 10 and abs(half - end) <= 0.05 * abs(half)
+    if end < first and not stalled:
+        slow = "" if end < 0.5 * first else " (slowly: the learning rate may be low for this test)"
+        return [Finding("overfit", "info", f"inconclusive: on one batch the loss fell from {first:.4g} to {end:.4g} "
+                        f"in {took}{slow} and is still falling, but has not fit yet", ev,
+                        f"run longer: bisect doctor --check overfit --overfit-steps {max(4 * len(steps), 200)}")]
+    acc = f", accuracy {acc_end:.0%}" if acc_end is not None else ""
+    trend = ("rose from" if end >= first and not stalled else f"stalls at {end:.4g} (it was {half:.4g} at step "
+             f"{steps[len(vals) // 2].step}); it went from")
+    return [Finding("overfit", "warning", f"cannot fit one batch: repeated {len(steps)} times with dropout and weight "
+                    f"decay off, the loss {trend} {first:.4g} to {end:.4g}{acc} ({base['wall_s']:g} s)", ev,
+                    "inspect, in order: the batch and its labels (do they belong together?), the output layer and "
+                    "loss pairing (an activation such as ReLU/sigmoid/clamp before the output that cannot reach the "
+                    "targets; `--check contract`), gradients and updates (`--check update`), the learning rate (too "
+                    "low or too high), numerical precision")]
