@@ -13,7 +13,7 @@ import pytest
 from reprobisect import __version__
 from reprobisect.cli import COMMANDS, main
 
-DESIGNED = ["capture", "compare", "runs", "probe", "repro", "seeds", "envs", "doctor", "audit", "report", "demo"]
+DESIGNED = ["capture", "compare", "runs", "probe", "repro", "resume", "seeds", "envs", "doctor", "audit", "report", "demo"]
 """Every command --help lists; each one works (a command is listed the day it is built)."""
 BISECT = Path(sys.executable).with_name("bisect")
 

@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("reprobisect.cli.commands.runs", "Find the commit that changed (or broke) training between --good and --bad."),
     "probe": ("reprobisect.cli.commands.probe", "Probe the current checkout once (exit 0 good, 1 bad, 125 skip) for git bisect run."),
     "repro": ("reprobisect.cli.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
+    "resume": ("reprobisect.cli.commands.resume", "Check that the command's own checkpoint/resume continues a run bitwise."),
     "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
     "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
     "doctor": ("reprobisect.cli.commands.doctor", "Diagnose a training command: first NaN/Inf, a broken update path, nondeterminism."),

@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="replay: load the complete state TRACE captured after step S-1 and record steps S.. "
                         "(--steps of them); see reprobisect.runners.replay_torch")
     p.add_argument("--replay-step", type=int, default=None, metavar="S", help="replay: the first step to record")
+    p.add_argument("--defer-stop", action="store_true",
+                   help="end after the last step's own end-of-step code, as the next step begins (bisect resume)")
     p.add_argument("--detail", default="full",
                    help="full: every record of the chain (default); sentinel: batch, loss, gradient norm, learning "
                         "rates, scale and parameters after each step, and complete state every --state-every steps")
@@ -196,6 +198,7 @@ class _Run:
             "detail": ns.detail,
             "state_every": ns.state_every,
             **{k: True for k in ("overfit", "memory") if getattr(ns, k, False)},
+            **({"defer_stop": True} if ns.defer_stop else {}),
         }
         self.writer = writer if writer is not None else TraceWriter(
             ns.trace,

@@ -181,8 +181,11 @@ def lightning_state(trainer: Any, batch_idx: int | None) -> dict[str, Any]:
             continue
         if state:  # as Lightning's checkpoint keeps them (_call_callbacks_state_dict)
             callbacks[str(cb.state_key)] = fingerprint_state(state)
+    progress: dict[str, int] = {}
     try:
-        loops = fingerprint_state(trainer.fit_loop.state_dict())
+        loop_state = trainer.fit_loop.state_dict()
+        loops = fingerprint_state(loop_state)
+        _counters(loop_state, "", progress)
     except Exception as e:  # noqa: BLE001 - another Lightning's loops: named, not a stopped run
         loops = f"error: {type(e).__name__}"
     return {
@@ -190,8 +193,21 @@ def lightning_state(trainer: Any, batch_idx: int | None) -> dict[str, Any]:
         "epoch": int(trainer.current_epoch),
         "batch_idx": int(batch_idx) if batch_idx is not None else -1,
         "loops": loops,
+        "progress": progress,
         "callbacks": callbacks,
     }
+
+
+def _counters(state: Any, prefix: str, out: dict[str, int], limit: int = 200) -> None:
+    """The integer leaves of the loops' ``state_dict()`` (progress counters) by dotted path, so
+    that a difference in ``loops`` can be named (``epoch_progress.total.started 2 vs 1``)."""
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if len(out) >= limit:
+                return
+            _counters(v, f"{prefix}{k}.", out, limit)
+    elif isinstance(state, int) and not isinstance(state, bool):
+        out[prefix[:-1]] = int(state)
 
 
 def make_callback(recorder: Any) -> Any:

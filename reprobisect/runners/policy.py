@@ -42,6 +42,9 @@ class RecordPolicy:
     records of ``SENTINEL_KINDS`` (initial parameters, batch IDs and tensors, loss,
     parameters after the step) and the scalars (total gradient norm, learning rates,
     GradScaler scale): no activations, no per-tensor gradients, no optimizer state."""
+    defer_stop: bool = False
+    """End the run after the last step's own end-of-step code (its checkpoint save), when the
+    next step begins, like a preemption (``bisect resume``; ``runners.preempt_torch``)."""
     state_every: int | None = None
     """Capture complete state after every ``state_every``-th step (steps K-1, 2K-1, ...:
     the state a replay of step K starts from), besides ``state_steps``. None: only
@@ -86,6 +89,7 @@ class RecordPolicy:
             "state_every": self.state_every,
             **({"overfit": True} if self.overfit else {}),
             **({"memory": True} if self.memory else {}),
+            **({"defer_stop": True} if self.defer_stop else {}),
         }
 
 
@@ -119,4 +123,5 @@ def policy_from(ns: Any) -> RecordPolicy:
         state_every=getattr(ns, "state_every", None),
         overfit=bool(getattr(ns, "overfit", False)),
         memory=bool(getattr(ns, "memory", False)),
+        defer_stop=bool(getattr(ns, "defer_stop", False)),
     )

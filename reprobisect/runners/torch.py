@@ -1481,8 +1481,12 @@ class TorchRecorder:
 
     def _finish(self, stop: StopRun) -> None:
         self.done = True
-        self.stop = stop
         self._cache.clear()
+        if self.stop_at_limit and self.policy.defer_stop and stop.reason == "ok":
+            from reprobisect.runners.preempt_torch import defer  # bisect resume: after the step's own code
+
+            return defer(self, stop)
+        self.stop = stop
         if self.stop_at_limit:
             raise stop
 

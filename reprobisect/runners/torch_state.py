@@ -12,7 +12,9 @@ update, i.e. what step K+1 starts from.
   ``loader.sampler.generator``, ``loader.batch_sampler.sampler.generator``);
 - data order: epoch, batches consumed in it, worker base seed, and the RNG states the
   loader's iterator started the epoch from (needs ``track_data_order()`` installed before
-  the loader was iterated; the launcher installs it).
+  the loader was iterated; the launcher installs it); and when the data order holds its own
+  state — a ``Stateful`` loader (torchdata's ``StatefulDataLoader``) or sampler — that state,
+  which ``restore_state`` loads back instead of replaying the epoch's start.
 
 Each object becomes two files through ``TraceWriter.write_state``: ``NAME.safetensors``
 (every tensor, keyed by its path in the state dict) and ``NAME.json`` (the skeleton:
@@ -457,7 +459,24 @@ def _capture_now(writer: Any, step: int, objects: Mapping[str, Any], loader: Any
         meta, start = _data_position(loader)
         tensors = {}
         start_json = encode_state(start, tensors, "start") if start is not None else None
-        writer.write_state(step, "data", tensors, {"position": meta, "start": start_json})
+        extra = {name: encode_state(obj.state_dict(), tensors, f"stateful.{name}")
+                 for name, obj in _stateful_data(loader).items()}
+        writer.write_state(step, "data", tensors, {"position": meta, "start": start_json,
+                                                   **({"stateful": extra} if extra else {})})
+
+
+def _stateful_data(loader: Any) -> dict[str, Any]:
+    """The data order's own ``Stateful`` holders: the loader itself (torchdata's
+    ``StatefulDataLoader``), else its sampler or batch sampler when they have
+    ``state_dict``/``load_state_dict`` (checked through the ``Stateful`` protocol)."""
+    if isinstance(loader, Stateful):
+        return {"loader": loader}
+    out = {}
+    for name in ("sampler", "batch_sampler"):
+        obj = getattr(loader, name, None)
+        if obj is not None and isinstance(obj, Stateful):
+            out[name] = obj
+    return out
 
 
 _NEXT_BATCH: list[Any] = []  # one-shot callbacks run before a DataLoader iterator fetches a batch
@@ -555,6 +574,7 @@ def load_state(trace_or_path: Any, step: int) -> dict[str, Any]:
             out["data"] = {
                 "position": meta.get("position", {}),
                 "start": decode_state(meta["start"], tensors, where) if meta.get("start") is not None else None,
+                **({"stateful": decode_state(meta["stateful"], tensors, where)} if meta.get("stateful") else {}),
             }
         else:
             out[name] = decode_state(meta.get("state"), tensors, where)
@@ -601,5 +621,11 @@ def restore_state(trace_or_path: Any, step: int, objects: Mapping[str, Any], loa
         obj.load_state_dict(sd)
     restore_rng(state.get("rng", {}), loader)
     if loader is not None and "data" in state:
-        _arm_loader(loader, state["data"]["position"], state["data"]["start"])
+        own = _stateful_data(loader)
+        saved = state["data"].get("stateful") or {}
+        if own and set(own) <= set(saved):  # the data order's own state: it resumes itself
+            for name, obj in own.items():
+                obj.load_state_dict(saved[name])
+        else:
+            _arm_loader(loader, state["data"]["position"], state["data"]["start"])
     return state

@@ -1,0 +1,358 @@
+"""Compare a resumed run with the uninterrupted one and name the state component a checkpoint forgot.
+
+Pure: it reads two ``Trace`` values and knows nothing of processes or frameworks. The
+uninterrupted run A recorded steps ``0..N-1``; the resumed run C recorded steps
+``0..N-K-1``, and C's step ``j`` is A's step ``K + j``. Comparison is bitwise (a resume
+either continues the run exactly or it does not): batch IDs, the scalar sentinels
+(learning rates, GradScaler scale, Lightning's progress when its recorder wrote it) and
+every record's fingerprint.
+
+At the first aligned step that differs, the component is named by what differs first in
+the order a step depends on its state:
+
+0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file);
+1. the step counter: C's batch IDs / learning rates equal A's one step later or earlier
+   over every overlapping step (an off-by-one global step), or Lightning's ``global_step``;
+2. the model parameters at the start: C's initial parameters are not A's after step K-1;
+3. data order: the batch IDs differ (and whether the data restarted from its beginning);
+   Lightning's ``batch_idx``: the dataloader position;
+4. learning rate / scheduler; 5. GradScaler; Lightning's loop progress and callback states;
+6. the records in chain order: a batch tensor, an input or a module output (dropout, an
+   augmentation) that differs while its inputs agree is RNG; a loss that differs while the
+   batch and the parameters agree is RNG (a sentinel trace sees no activations); parameters
+   after the step or optimizer state that differ while the gradients agree are the
+   optimizer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprobisect.trace.format import Record, Step
+from reprobisect.trace.reader import Trace
+
+__all__ = ["COMPONENTS", "Finding", "diagnose", "first_difference"]
+
+COMPONENTS = ("checkpoint", "step counter", "model parameters", "data order", "dataloader position", "learning rate / scheduler",
+              "GradScaler", "loop progress", "callback state", "RNG", "optimizer state", "other")
+"""The state components a finding can name (``Finding.component``)."""
+
+_FORWARD = ("input", "activation", "output")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The first place a resumed run leaves the uninterrupted one, and the component it points to."""
+
+    step: int
+    """The step of the uninterrupted run (``K + j``) where the first difference is."""
+    component: str
+    """One of ``COMPONENTS``."""
+    what: str
+    """What differs there, one line (``batch IDs [4, 9] vs [0, 3]``)."""
+    why: str
+    """Why that points to the component, and the usual fix."""
+    also: tuple[str, ...] = field(default_factory=tuple)
+    """Other components that differ at the same step (they may follow from the first)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "component": self.component, "what": self.what, "why": self.why,
+                "also": list(self.also)}
+
+
+def _lr(s: Step) -> Any:
+    return s.scalars.get("lr")
+
+
+_LIGHTNING_COUNTERS = ("global_step", "epoch", "batch_idx")
+"""The Trainer's counters that change what training does next (the step count drives schedules,
+checkpoints and the run's end). Its loop-progress and callback-state fingerprints are
+bookkeeping: after a correct resume at an epoch's last batch Lightning's own
+``epoch_progress`` counters differ (ready/started 1 vs 2) while every tensor agrees."""
+
+
+def bookkeeping_notes(a: Trace, c: Trace, at: int) -> tuple[str, ...]:
+    """Where Lightning's loop progress or callback state first differs between A's steps ``at..``
+    and C's steps ``0..`` (``scalars["lightning"]``): said alongside the verdict, never as it."""
+    notes: list[str] = []
+    for key, what in (("loops", "loop progress"), ("callbacks", "callback state")):
+        for sc in c.steps:
+            sa = a.step(at + sc.step)
+            la, lc = (_lightning(sa), _lightning(sc)) if sa is not None else ({}, {})
+            if not la or not lc or la.get(key) == lc.get(key):
+                continue
+            if key == "loops":
+                pa, pc = la.get("progress") or {}, lc.get("progress") or {}
+                diff = [f"{k} {pa.get(k)} vs {pc.get(k)}" for k in sorted(set(pa) | set(pc)) if pa.get(k) != pc.get(k)]
+                detail = (", ".join(diff[:3]) + (f" (+{len(diff) - 3} more)" if len(diff) > 3 else "")) if diff else \
+                    f"{_short(la.get(key))} vs {_short(lc.get(key))}"
+            else:
+                va, vc = la.get(key) or {}, lc.get(key) or {}
+                names = [k for k in sorted(set(va) | set(vc)) if va.get(k) != vc.get(k)]
+                detail = "callbacks " + ", ".join(f"'{n}'" for n in names[:3])
+            notes.append(f"Lightning {what} differs from step {sa.step} ({detail}): the Trainer's own bookkeeping, "
+                         "not a tensor; it matters only if your code reads it")
+            break
+    return tuple(notes)
+
+
+def _lightning(s: Step) -> dict[str, Any]:
+    v = s.scalars.get("lightning")
+    return v if isinstance(v, dict) else {}
+
+
+def _short(x: Any, n: int = 8) -> str:
+    if isinstance(x, list) and len(x) > n:
+        return "[" + ", ".join(map(str, x[:n])) + ", ...]"
+    return str(x)
+
+
+def _records_differ(sa: Step, sc: Step) -> Record | None:
+    """C's first record (chain order) whose fingerprint is not A's for the same key (init aside)."""
+    ka = sa.by_key()
+    for r in sc.records:
+        if r.kind == "init":
+            continue
+        ra = ka.get(r.key)
+        if ra is not None and ra.fingerprint != r.fingerprint:
+            return r
+    return None
+
+
+def first_difference(a: Step, c: Step) -> str | None:
+    """One line saying what differs between A's step and C's aligned step (None: bitwise the same)."""
+    if a.batch_ids != c.batch_ids:
+        return f"batch IDs {_short(a.batch_ids)} vs {_short(c.batch_ids)}"
+    for key in ("lr", "scaler_scale", "loss", "grad_norm"):
+        if a.scalars.get(key) != c.scalars.get(key):
+            return f"{key} {a.scalars.get(key)!r} vs {c.scalars.get(key)!r}"
+    la, lc = _lightning(a), _lightning(c)
+    for k in _LIGHTNING_COUNTERS:  # loops/callbacks are bookkeeping: notes (bookkeeping_notes), not a verdict
+        if la and lc and la.get(k) != lc.get(k):
+            return f"Lightning {k} {la.get(k)!r} vs {lc.get(k)!r}"
+    r = _records_differ(a, c)
+    if r is not None:
+        return f"{r.kind} '{r.name}'"
+    missing = {x.key for x in a.records if x.kind != "init"} ^ {x.key for x in c.records if x.kind != "init"}
+    if missing:
+        kind, name = sorted(missing)[0]
+        return f"{kind} '{name}' recorded in one run only"
+    return None
+
+
+def _shifted(a: Trace, c: Trace, at: int) -> int | None:
+    """+1/-1 when C's batch IDs (without them: learning rates) equal A's one step later/earlier
+    at every overlapping step: an off-by-one step counter. The LR is not required to shift too:
+    a scheduler restored from its own state keeps its count while the data follows the step."""
+    for d in (1, -1):
+        n = 0
+        ok = True
+        for sc in c.steps:
+            sa = a.step(at + sc.step + d)
+            if sa is None:
+                continue
+            ids = sc.batch_ids is not None and sa.batch_ids is not None
+            lrs = not ids and _lr(sc) is not None and _lr(sa) is not None  # the LR only without batch IDs
+            if not ids and not lrs:
+                continue
+            if (ids and sa.batch_ids != sc.batch_ids) or (lrs and _lr(sa) != _lr(sc)):
+                ok = False
+                break
+            n += 1
+        if ok and n:
+            return d
+    return None
+
+
+def _restarted(a: Trace, c: Step) -> int | None:
+    """The earlier step of A whose batch IDs C's step has (the data restarted there), or None."""
+    for sa in a.steps:
+        if sa.batch_ids is not None and sa.batch_ids == c.batch_ids:
+            return sa.step
+    return None
+
+
+def _stale_checkpoint(a: Trace, c: Trace, at: int) -> int | None:
+    """The step of A (not ``at - 1``) after which A's parameters are exactly C's initial ones, or None."""
+    have = _init_params(c)
+    if not have:
+        return None
+    for sa in a.steps:
+        if sa.step == at - 1:
+            continue
+        want = _params_after(a, sa.step)
+        if want and all(have.get(n) == f for n, f in want.items()):
+            return sa.step
+    return None
+
+
+def _params_after(a: Trace, step: int) -> dict[str, str]:
+    s = a.step(step)
+    return {r.name: r.fingerprint for r in s.records if r.kind == "param"} if s is not None else {}
+
+
+def _init_params(c: Trace) -> dict[str, str]:
+    s = c.step(0)
+    return {r.name: r.fingerprint for r in s.records if r.kind == "init"} if s is not None else {}
+
+
+def _optim_state_differs(sa: Step, sc: Step) -> str | None:
+    """The first optimizer-state record that differs while every gradient agrees (full detail), or None."""
+    ka = sa.by_key()
+    first = None
+    for r in sc.records:
+        ra = ka.get(r.key)
+        if ra is None or ra.fingerprint == r.fingerprint:
+            continue
+        if r.kind == "grad":
+            return None
+        if r.kind == "optim_state" and first is None:
+            first = r.name
+    return first
+
+
+def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str, str, str] | None:
+    """(component, what, why) from the records in chain order; None when they agree."""
+    ka = sa.by_key()
+    batch_agrees = True
+    grads_agree = True
+    forward_agrees = True
+    for r in sc.records:
+        if r.kind == "init":
+            continue
+        ra = ka.get(r.key)
+        if ra is None or ra.fingerprint == r.fingerprint:
+            continue
+        what = f"{r.kind} '{r.name}'" + (f" ({r.module})" if r.module else "")
+        if r.kind == "batch":
+            return ("RNG", what + " differs while the batch IDs agree",
+                    "the same samples were loaded differently: a random augmentation in the dataset/collate draws "
+                    "from an RNG the checkpoint did not save or restore")
+        if r.kind in _FORWARD:
+            if r.inputs is not None and ra.inputs is not None and tuple(r.inputs) == tuple(ra.inputs):
+                return ("RNG", what + " differs while its inputs agree",
+                        "a random operation (dropout, an augmentation) drew different numbers: restore the RNG "
+                        "states (torch, numpy, python, CUDA) from the checkpoint")
+            if r.kind == "input" and batch_agrees:
+                return ("RNG", what + " differs while the batch agrees",
+                        "the batch was changed between the loader and the model (a random augmentation): restore "
+                        "the RNG states from the checkpoint")
+            forward_agrees = False
+            continue
+        if r.kind == "loss" and forward_agrees and batch_agrees and prev_same:
+            if a.detail == "sentinel":
+                return ("RNG", what + " differs while the batch and the parameters agree",
+                        "the forward pass drew different random numbers (dropout): restore the RNG states "
+                        "(a sentinel trace has no activations; --detail full names the module)")
+            continue
+        if r.kind == "grad":
+            grads_agree = False
+            continue
+        if r.kind in ("optim_state", "param") and grads_agree and forward_agrees:
+            if r.kind == "param" and a.detail == "sentinel" and sa.scalars.get("loss") != sc.scalars.get("loss"):
+                continue
+            return ("optimizer state", what + " differs while the gradients agree",
+                    "the update used other optimizer state (momentum/Adam moments, step count): save and load "
+                    "optimizer.state_dict() with the checkpoint")
+    return None
+
+
+def diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
+    """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise)."""
+    also: list[str] = []
+    prev_same = True
+    for sc in c.steps:
+        s = at + sc.step
+        sa = a.step(s)
+        if sa is None:
+            break
+        what = first_difference(sa, sc)
+        if sc.step == 0:
+            want, have = _params_after(a, at - 1), _init_params(c)
+            bad = sorted(n for n in want if n in have and have[n] != want[n])
+            if bad and what is None:
+                what = f"initial parameter '{bad[0]}'"
+        else:
+            bad = []
+        if what is None:
+            continue
+        la, lc = _lightning(sa), _lightning(sc)
+        found = _name(a, c, at, sa, sc, what, bad, prev_same)
+        for key, comp in (("global_step", "step counter"), ("batch_idx", "dataloader position"),
+                          ("loops", "loop progress"), ("callbacks", "callback state")):
+            if la and lc and la.get(key) != lc.get(key) and comp != found[0]:
+                also.append(f"{comp} (Lightning {key} {_short(la.get(key))} vs {_short(lc.get(key))})")
+        return Finding(step=s, component=found[0], what=found[1], why=found[2], also=tuple(also))
+    return None
+
+
+def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: list[str],
+          prev_same: bool) -> tuple[str, str, str]:
+    la, lc = _lightning(sa), _lightning(sc)
+    stale = _stale_checkpoint(a, c, at) if bad_init else None
+    if stale is not None:
+        return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
+                f"not after step {at - 1}",
+                "the resume loaded a checkpoint of another step: a file the interruption did not overwrite (a stale "
+                "one, or one the command saved under a new name, e.g. Lightning's ModelCheckpoint writes last-v1.ckpt "
+                "next to an existing last.ckpt unless enable_version_counter=False)")
+    d = _shifted(a, c, at)
+    restart = _restarted(a, sc)
+    if restart == 0 and sa.batch_ids != sc.batch_ids and sc.step == 0:
+        d = None  # the data starts over: an epoch restart, which can look like an off-by-one
+    if la and lc and "global_step" in la and la.get("global_step") == lc.get("global_step"):
+        d = None  # Lightning's own step counter agrees
+    if d is not None and (sa.batch_ids != sc.batch_ids or _lr(sa) != _lr(sc)):
+        return ("step counter", f"the resumed run's batch IDs/learning rates are the uninterrupted run's one step "
+                f"{'later' if d > 0 else 'earlier'} ({what})",
+                f"the restored step counter is off by {d:+d}: save the number of steps completed and resume from it "
+                "(not from it +/- 1)")
+    if la and lc and la.get("global_step") != lc.get("global_step"):
+        return ("step counter", f"Lightning global_step {la.get('global_step')} vs {lc.get('global_step')}",
+                "the restored global step is not the one the checkpoint was saved at")
+    if bad_init:
+        return ("model parameters", f"the resumed run starts from other parameters ('{bad_init[0]}' is not the "
+                f"uninterrupted run's after step {at - 1})",
+                "the checkpoint's model weights were not saved/loaded (or were saved at another step)")
+    if sa.batch_ids != sc.batch_ids:
+        r = _restarted(a, sc)
+        where = (f"; they are the uninterrupted run's step {r}: the data restarted at the start of the epoch"
+                 if r is not None and r < sa.step else "")
+        comp = "dataloader position" if la.get("batch_idx") != lc.get("batch_idx") and la and lc else "data order"
+        return (comp, f"batch IDs {_short(sa.batch_ids)} vs {_short(sc.batch_ids)}{where}",
+                "the data position was not restored: save the sampler/dataloader state (StatefulDataLoader, "
+                "the epoch and batches consumed) and skip to it on resume")
+    opt = _optim_state_differs(sa, sc)
+    if opt is not None:
+        return ("optimizer state", f"optimizer state '{opt}' differs while the gradients agree"
+                + (f" (and the learning rate: {_lr(sa)!r} vs {_lr(sc)!r})" if _lr(sa) != _lr(sc) else ""),
+                "the optimizer's state (momentum/Adam moments, its param_groups' learning rates) was not "
+                "saved/loaded: save and load optimizer.state_dict() with the checkpoint")
+    if _lr(sa) != _lr(sc):
+        if a.detail == "sentinel":  # no optimizer state recorded: a fresh optimizer's lr looks the same
+            return ("learning rate / scheduler", f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}",
+                    "the LR scheduler's state, or the optimizer's (its param_groups carry the lr), was not "
+                    "saved/loaded; a sentinel trace holds no optimizer state to tell them apart: --detail full does")
+        return ("learning rate / scheduler", f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}",
+                "the LR scheduler's state was not saved/loaded: save scheduler.state_dict() with the checkpoint")
+    if sa.scalars.get("scaler_scale") != sc.scalars.get("scaler_scale"):
+        return ("GradScaler", f"GradScaler scale {sa.scalars.get('scaler_scale')!r} vs {sc.scalars.get('scaler_scale')!r}",
+                "the GradScaler's state (scale, growth tracker) was not saved/loaded: save scaler.state_dict()")
+    if la and lc and la.get("batch_idx") != lc.get("batch_idx"):
+        return ("dataloader position", f"Lightning batch_idx {la.get('batch_idx')} vs {lc.get('batch_idx')}",
+                "the checkpoint restored the trainer's dataloader position differently (Lightning's batch_idx)")
+    chain = _chain_component(a, sa, sc, prev_same)
+    if chain is not None:
+        return chain
+    for key, comp in (("loops", "loop progress"), ("callbacks", "callback state")):
+        if la and lc and la.get(key) != lc.get(key):
+            va, vc = la.get(key), lc.get(key)
+            if isinstance(va, dict) and isinstance(vc, dict):  # name the callback whose state differs
+                name = next(k for k in sorted(set(va) | set(vc)) if va.get(k) != vc.get(k))
+                return (comp, f"Lightning callback state '{name}' differs ({_short(va.get(name))} vs "
+                        f"{_short(vc.get(name))})", f"the checkpoint did not restore the callback '{name}' as it was")
+            return (comp, f"Lightning {key} {_short(va)} vs {_short(vc)}",
+                    f"the checkpoint restored the trainer's {comp} differently (Lightning's {key})")
+    return ("other", what, "no state component explains it from what was recorded; compare the traces "
+                           "(bisect compare) or record with --detail full")

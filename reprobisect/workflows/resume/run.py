@@ -1,0 +1,260 @@
+"""The library behind ``bisect resume``: three runs of the user's command and the verdict.
+
+``check_resume(argv, resume_args, at=K, options)`` runs, one after another (they share the
+user's checkpoint paths):
+
+1. ``argv`` uninterrupted for ``options.steps`` (N) steps: steps ``0..N-1``;
+2. ``argv`` again, interrupted like a preemption once K steps (``0..K-1``) are done and
+   step K-1's own end-of-step code (its checkpoint save) has run: the recorder stops the
+   process as step K begins (``runners.preempt_torch``);
+3. ``argv + resume_args`` for N-K steps: its step ``j`` is step ``K + j`` of run 1.
+
+Run 2 must agree with run 1 over steps ``0..K-1`` (else the command is not deterministic
+and no verdict about the resume is possible); then run 3 is compared with run 1's steps
+``K..N-1`` (``diagnose``). Returns a frozen ``ResumeResult``, truthy when the continuation
+is bitwise the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprobisect.core.options import ProbeOptions
+from reprobisect.core.outcome import Status
+from reprobisect.errors import ReproError, UsageError
+from reprobisect.executors import executor_for
+from reprobisect.executors.base import ProbeResult, ProbeSpec
+from reprobisect.support.progress import progress
+from reprobisect.trace.ranks import read_rank0
+from reprobisect.workflows.resume.diagnose import Finding, bookkeeping_notes, diagnose, first_difference
+
+__all__ = ["Reference", "ResumeResult", "RunSummary", "check_resume", "judge_resumed", "record_reference",
+           "split_resume_args"]
+
+VERDICTS = ("bitwise", "diverged", "inconclusive")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One of the three runs: what ran, how it ended, how many steps it recorded."""
+
+    role: str
+    """``uninterrupted``, ``interrupted`` or ``resumed``."""
+    command: tuple[str, ...]
+    status: str
+    detail: str
+    steps: int
+    trace: str | None
+    last_line: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "command": list(self.command), "status": self.status, "detail": self.detail,
+                "steps": self.steps, "trace": self.trace, "last_line": self.last_line}
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """The verdict of ``bisect resume``; truthy when the resumed run continues the uninterrupted one bitwise."""
+
+    at: int
+    """K: the run was interrupted after K steps (0..K-1); the resumed run's first step is step K."""
+    steps: int
+    """N: steps of the uninterrupted run; steps K..N-1 are compared."""
+    verdict: str
+    """``bitwise``, ``diverged`` or ``inconclusive`` (``VERDICTS``)."""
+    runs: tuple[RunSummary, ...]
+    finding: Finding | None = None
+    """Where the resumed run first differs and the state component named (``diverged``)."""
+    reason: str = ""
+    """Why there is no verdict (``inconclusive``), or a note on a ``bitwise`` one."""
+    detail: str = "full"
+    """The detail level the runs recorded at (``sentinel``: what the sentinels saw)."""
+    compared: int = 0
+    """Aligned steps compared."""
+
+    def __bool__(self) -> bool:
+        return self.verdict == "bitwise"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self else 1
+
+
+def split_resume_args(text: str | None) -> list[str]:
+    """``--resume-args`` split as a POSIX shell would; empty or unbalanced quotes → ``UsageError``."""
+    if text is None:
+        raise UsageError("give --resume-args ARGS: the flags that make the command resume (e.g. --resume-args '--resume ckpt.pt')")
+    try:
+        args = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--resume-args {text!r} cannot be split like a shell would: {e}; fix the quotes") from None
+    if not args:
+        raise UsageError("--resume-args is empty; give the flags that make the command resume, e.g. '--resume ckpt.pt'")
+    return args
+
+
+def _spec(argv: list[str], options: ProbeOptions, key: str, steps: int, workdir: Path,
+          extra: tuple[str, ...] = ()) -> ProbeSpec:
+    return ProbeSpec(key=key, argv=tuple(argv), workdir=str(workdir), steps=steps, timeout=options.timeout,
+                     full_steps=tuple(s for s in options.full_steps if s < steps), extra_launch_args=extra,
+                     **options.launch_fields())
+
+
+def _summary(role: str, r: ProbeResult) -> RunSummary:
+    steps = 0
+    if r.trace_dir:
+        try:
+            steps = len(read_rank0(r.trace_dir, allow_incomplete=True).steps)
+        except (ReproError, OSError, ValueError):  # a run that left no readable trace recorded nothing
+            steps = 0
+    last = r.last_lines(1)
+    return RunSummary(role=role, command=r.spec.argv, status=str(r.outcome.status),
+                      detail=r.outcome.detail or "", steps=steps, trace=r.trace_dir, last_line=last[:300])
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Runs 1 and 2: the uninterrupted run and the interrupted one, checked against each other
+    over steps ``0..K-1``; ``reason`` says why no resume can be judged against them ('' when one can)."""
+
+    at: int
+    steps: int
+    runs: tuple[RunSummary, ...]
+    full: Any = None
+    """The uninterrupted run's trace (``reprobisect.trace.reader.Trace``)."""
+    reason: str = ""
+
+
+def _check_args(argv: list[str], at: int, n: int) -> None:
+    if not argv:
+        raise UsageError("give the training command after --, e.g. bisect resume --at 3 --resume-args '--resume ckpt.pt' -- python train.py")
+    if isinstance(at, bool) or not isinstance(at, int) or at < 1:
+        raise UsageError(f"--at takes the number of steps after which the run is interrupted, >= 1 (got {at!r})")
+    if at >= n:
+        raise UsageError(f"--at {at} leaves no step to compare with --steps {n}; use --at below --steps (e.g. --at {max(1, n // 2)})")
+
+
+def record_reference(argv: list[str], *, at: int, options: ProbeOptions, executor: Any,
+                     cwd: str | os.PathLike | None = None, progress_: Any = None) -> Reference:
+    """Run ``argv`` uninterrupted for ``options.steps`` steps, then interrupted after ``at`` steps
+    (after step ``at - 1``'s own end-of-step code), on ``executor``, one after the other."""
+    n = options.steps
+    _check_args(argv, at, n)
+    workdir = Path(cwd or os.getcwd()).resolve()
+    tag = uuid.uuid4().hex[:8]
+    runs: list[RunSummary] = []
+    traces: list[Any] = []
+    for role, spec in (("uninterrupted", _spec(argv, options, f"resume-{tag}-full", n, workdir)),
+                       ("interrupted", _spec(argv, options, f"resume-{tag}-interrupted", at, workdir, ("--defer-stop",)))):
+        if progress_ is not None:
+            progress_.update(f"{role} run")
+        r = executor.submit(spec).result()  # one after another: the runs share the user's checkpoint files
+        s = _summary(role, r)
+        runs.append(s)
+        if progress_ is not None:
+            progress_.advance()
+        stop = _check_run(role, r, s, n=n, at=at)
+        if stop is not None:
+            return Reference(at=at, steps=n, runs=tuple(runs), reason=stop)
+        traces.append(read_rank0(r.trace_dir, allow_incomplete=True))
+    full, cut = traces
+    for k in range(at):  # the interruption must not change what came before it
+        sa, sb = full.step(k), cut.step(k)
+        what = first_difference(sa, sb) if sa is not None and sb is not None else "a step is missing"
+        if what is not None:
+            return Reference(at=at, steps=n, runs=tuple(runs), full=full, reason=(
+                f"the uninterrupted and the interrupted runs already differ at step {k} ({what}), before the "
+                "interruption: the command is not deterministic, so no difference after the resume can be "
+                "blamed on it; make it deterministic first (bisect repro names the cause)"
+                + ("; or the command resumed by itself from the checkpoint the first run left (the runs share "
+                   "checkpoint paths): make resuming opt-in, e.g. behind the resume arguments" if k == 0 else "")))
+    return Reference(at=at, steps=n, runs=tuple(runs), full=full)
+
+
+def judge_resumed(ref: Reference, argv: list[str], resume_args: list[str], *, options: ProbeOptions, executor: Any,
+                  cwd: str | os.PathLike | None = None, progress_: Any = None) -> ResumeResult:
+    """Run ``argv + resume_args`` for N-K steps after ``ref``'s interrupted run and compare it
+    with the uninterrupted run's steps K..N-1."""
+    at, n = ref.at, ref.steps
+    if not resume_args:
+        raise UsageError("--resume-args is empty; give the flags that make the command resume")
+    if ref.reason:
+        return ResumeResult(at=at, steps=n, verdict="inconclusive", runs=ref.runs, reason=ref.reason, detail=options.detail)
+    workdir = Path(cwd or os.getcwd()).resolve()
+    spec = _spec([*argv, *resume_args], options, f"resume-{uuid.uuid4().hex[:8]}-resumed", n - at, workdir)
+    if progress_ is not None:
+        progress_.update("resumed run")
+    r = executor.submit(spec).result()
+    s = _summary("resumed", r)
+    if progress_ is not None:
+        progress_.advance()
+    runs = (*ref.runs, s)
+    stop = _check_run("resumed", r, s, n=n, at=at)
+    if stop is not None:
+        return ResumeResult(at=at, steps=n, verdict="inconclusive", runs=runs, reason=stop, detail=options.detail)
+    full, resumed = ref.full, read_rank0(r.trace_dir, allow_incomplete=True)
+    finding = diagnose(full, resumed, at)
+    compared = sum(1 for sc in resumed.steps if full.step(at + sc.step) is not None)
+    if finding is not None:
+        return ResumeResult(at=at, steps=n, verdict="diverged", runs=runs, finding=finding,
+                            detail=options.detail, compared=compared, reason=_sentinel_note(options.detail, finding))
+    if compared < n - at:
+        return ResumeResult(
+            at=at, steps=n, verdict="inconclusive", runs=runs, detail=options.detail, compared=compared,
+            reason=(f"the resumed run recorded only {compared} of the {n - at} steps {at}..{n - 1} and they agree; "
+                    "it ended early (did it resume at a later step than the checkpoint's?)"))
+    return ResumeResult(at=at, steps=n, verdict="bitwise", runs=runs, detail=options.detail, compared=compared,
+                        reason="; ".join(bookkeeping_notes(full, resumed, at)))
+
+
+def check_resume(argv: list[str], resume_args: list[str], *, at: int, options: ProbeOptions,
+                 cwd: str | os.PathLike | None = None) -> ResumeResult:
+    """Run the command uninterrupted, interrupted after ``at`` steps, and resumed; compare steps ``at..N-1``."""
+    _check_args(argv, at, options.steps)
+    if not resume_args:
+        raise UsageError("--resume-args is empty; give the flags that make the command resume")
+    with executor_for(options) as ex, progress("resume", total=3, quiet=options.quiet) as p:
+        if getattr(ex, "shared_fs", None) is False:
+            # the runs must share the user's folder (the checkpoint one leaves is what the next loads):
+            # Ray ships a copy of the folder to each probe unless it runs the folder in place
+            ex.shared_fs = True
+        ref = record_reference(argv, at=at, options=options, executor=ex, cwd=cwd, progress_=p)
+        return judge_resumed(ref, argv, resume_args, options=options, executor=ex, cwd=cwd, progress_=p)
+
+
+def _sentinel_note(detail: str, f: Finding) -> str:
+    if detail != "sentinel" or f.component not in ("RNG", "optimizer state", "learning rate / scheduler", "other"):
+        return ""
+    return ("recorded at --detail sentinel (batch, loss, gradient norm, learning rates, scale, parameters): the "
+            "component is inferred from those; rerun with --detail full to see the first differing tensor")
+
+
+def _check_run(role: str, r: ProbeResult, s: RunSummary, *, n: int, at: int) -> str | None:
+    """Why the three runs cannot be judged after ``role`` ended as it did (None: go on)."""
+    tail = f" (its last line: {s.last_line})" if s.last_line else ""
+    if role == "uninterrupted":
+        if not r.outcome:
+            raise UsageError(f"the command does not run to {n} steps: it ended {r.outcome.status} {r.outcome.detail or ''}"
+                             f"{tail}; check it with bisect capture first")
+        if s.steps < n:
+            raise UsageError(f"the command ran only {s.steps} step(s) by itself; use --steps {s.steps} or fewer")
+        return None
+    if role == "interrupted":
+        if not r.outcome:
+            return (f"the interrupted run ended {r.outcome.status} before it could be interrupted after step {at - 1}"
+                    f"{tail}: a crash in its end-of-step code (the checkpoint save?)")
+        if s.steps < at:
+            raise UsageError(f"the interrupted run never reached step {at}: it ended after {s.steps} step(s); "
+                             f"use a smaller --at")
+        return None
+    if r.outcome.status == Status.NO_STEPS or (not r.outcome and s.steps == 0):
+        return (f"the resumed run (with the resume arguments) ended {r.outcome.status} without a step{tail}: did the "
+                "interrupted run leave the checkpoint the resume arguments name?")
+    if not r.outcome:
+        return f"the resumed run ended {r.outcome.status} at its step {s.steps}{tail}"
+    return None
