@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,10 @@ def job(tmp_path_factory):
         "import os\nopen(os.path.join(os.environ['USER_SITE_MARKS'], f'site-{os.getpid()}'), 'w').close()\n")
     (d / "marks").mkdir()
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(user)]), "USER_SITE_MARKS": str(d / "marks")}
-    direct = run_in_dir(_spec(d, "python", "train.py", env=env), d, d / "direct.trace")
-    wrapped = run_in_dir(_spec(d, "bash", "job.sh", env=env), d, d / "job.trace")
-    return d, direct, wrapped
+    with ThreadPoolExecutor(max_workers=2) as pool:  # side by side: each mostly waits on its import of torch
+        direct = pool.submit(run_in_dir, _spec(d, "python", "train.py", env=env), d, d / "direct.trace")
+        wrapped = pool.submit(run_in_dir, _spec(d, "bash", "job.sh", env=env), d, d / "job.trace")
+        return d, direct.result(), wrapped.result()
 
 
 def test_a_job_script_records_the_flat_trace_the_direct_command_records(job):
@@ -249,9 +251,12 @@ def ddp(tmp_path_factory):
     d = tmp_path_factory.mktemp("ddp")
     shutil.copy(CORPUS / "ddp_torchrun.py", d)
     # the agent as a module of the interpreter (a bare "python": reprobisect's); torchrun itself below
-    ok = run_in_dir(_spec(d, *_torchrun(d, agent=("python", "-m", "torch.distributed.run"))), d, d / "ok.trace")
-    crash = run_in_dir(_spec(d, *_torchrun(d, "--crash_rank", "1", "--crash_step", "1"), steps=4), d, d / "crash.trace")
-    return d, ok, crash
+    with ThreadPoolExecutor(max_workers=2) as pool:  # side by side, each on its own rendezvous port
+        ok = pool.submit(run_in_dir, _spec(d, *_torchrun(d, agent=("python", "-m", "torch.distributed.run"))), d,
+                         d / "ok.trace")
+        crash = pool.submit(run_in_dir, _spec(d, *_torchrun(d, "--crash_rank", "1", "--crash_step", "1"), steps=4), d,
+                            d / "crash.trace")
+        return d, ok.result(), crash.result()
 
 
 @pytest.mark.slow
@@ -309,7 +314,7 @@ def test_a_timeout_kills_the_whole_tree_and_frees_the_port(tmp_path):
             time.sleep(0.2)
 
     threading.Thread(target=watch, daemon=True).start()
-    r = run_in_dir(_spec(tmp_path, *argv, timeout=25), tmp_path, tmp_path / "T")
+    r = run_in_dir(_spec(tmp_path, *argv, timeout=15), tmp_path, tmp_path / "T")
     assert r.outcome.status == "timeout", (r.outcome, r.output_tail)
     assert len(seen) == 2, "the ranks never started; the timeout killed nothing worth checking"
     for pid in seen:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -371,24 +372,41 @@ def torchrun(trace: Path | None, mode: str, *, nproc: int = 2, steps: int = 3, d
     return trace
 
 
+# Every torchrun run of this module, each recorded once and shared by the tests that read it: name ->
+# (mode, nproc, steps, dump, extra env). Two run side by side: a run spends part of its wall time
+# waiting (process start, rendezvous), so pairs finish sooner than one after the other.
+RUNS = {
+    # 3 ranks: DDP scales gradients by 1/3 with a multiply, which a division would not match bit for bit;
+    # 6 steps are the whole run: it ends by itself (and saves its parameters) before --steps 7
+    "plain": ("plain", 3, 7, "rec", {}),
+    "plain2": ("plain", 3, 7, None, {}),
+    "sampler": ("sampler_seed", 2, 4, None, {}),
+    "sampler_rank0": ("sampler_rank0", 2, 2, None, {}),
+    "bn": ("bn", 2, 3, None, {}),
+    "single": ("plain", 1, 7, None, {}),
+    "allreduce": ("allreduce", 2, 2, None, {}),
+    "user_hook": ("user_hook", 2, 2, None, {}),
+    # rank-local noise: 4 ranks, rank 2 noisy (the 2-rank case is the same code path with one receiver)
+    "noise": ("noise", 4, 1, None, {"NOISE_RANK": "2"}),
+    "noise2": ("noise", 4, 1, None, {"NOISE_RANK": "2"}),
+    "fsdp": ("fsdp", 2, 2, None, {}),
+    "fsdp2": ("fsdp", 2, 2, None, {}),
+    "fsdp_shard": ("fsdp_shard", 2, 2, None, {}),
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("ddp")
-    out = {
-        # 3 ranks: DDP scales gradients by 1/3 with a multiply, which a division would not match bit for bit;
-        # 6 steps are the whole run: it ends by itself (and saves its parameters) before --steps 7
-        "plain": torchrun(base / "plain", "plain", nproc=3, steps=7, dump=base / "rec"),
-        "plain2": torchrun(base / "plain2", "plain", nproc=3, steps=7),
-        "noise": torchrun(base / "noise", "noise"),
-        "noise2": torchrun(base / "noise2", "noise"),
-        "sampler": torchrun(base / "sampler", "sampler_seed", steps=4),
-        "sampler_rank0": torchrun(base / "sampler_rank0", "sampler_rank0", steps=2),
-        "bn": torchrun(base / "bn", "bn"),
-        "single": torchrun(base / "single", "plain", nproc=1, steps=7),
-        "allreduce": torchrun(base / "allreduce", "allreduce", steps=2),
-        "user_hook": torchrun(base / "user_hook", "user_hook", steps=2),
-    }
-    torchrun(None, "plain", nproc=3, dump=base / "plain-unrecorded")
+
+    def one(name: str) -> Path:
+        mode, nproc, steps, dump, env_vars = RUNS[name]
+        return torchrun(base / name, mode, nproc=nproc, steps=steps, dump=base / dump if dump else None, **env_vars)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        unrecorded = pool.submit(torchrun, None, "plain", nproc=3, dump=base / "plain-unrecorded")
+        out = dict(zip(RUNS, pool.map(one, RUNS)))
+        unrecorded.result()
     out["base"] = base
     return out
 
@@ -449,13 +467,13 @@ def test_hand_written_all_reduce_is_recorded(runs):
 @pytest.mark.slow
 def test_rank_local_unseeded_noise_is_named_with_its_rank(runs):
     c = compare_paths(runs["noise"], runs["noise2"])
-    assert not c and c.first.step == 0 and c.first.rank == 1 and c.first.kind in ("batch", "input")
-    assert c.first.agree == (0,)
+    assert not c and c.first.step == 0 and c.first.rank == 2 and c.first.kind in ("batch", "input")
+    assert c.first.agree == (0, 1, 3)
     r0 = [d for d in c.rank_firsts if d.rank == 0]
     assert r0 and r0[0].localization == "arrival" and r0[0].name == "ddp.bucket0/out", c.rank_firsts
     assert "step 0 · rank 0 · collective · ddp.bucket0/out" in str(c) and "(arrived through a collective)" in str(c)
-    assert any("starts on rank 1 only" in h and "rank-local random source" in h for h in c.hints)
-    assert "step 0 · rank 1 · " in str(c)
+    assert any("starts on rank 2 only" in h and "rank-local random source" in h for h in c.hints)
+    assert "step 0 · rank 2 · " in str(c)
 
 
 @pytest.mark.slow
@@ -495,9 +513,8 @@ def test_world_size_difference_is_reported_not_a_crash(runs):
 
 
 @pytest.mark.slow
-def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
-    a = torchrun(tmp_path / "a", "fsdp", steps=2)
-    b = torchrun(tmp_path / "b", "fsdp", steps=2)
+def test_fsdp2_fully_shard_records_its_collectives(runs):
+    a, b = runs["fsdp"], runs["fsdp2"]
     c = compare_paths(a, b)
     assert c, str(c)
     t = open_ranks(a)
@@ -513,17 +530,15 @@ def test_fsdp2_fully_shard_records_its_collectives(tmp_path):
         assert names.index("loss:loss") < rs < next(i for i, n in enumerate(names) if n.startswith("grad:")), names
     # rank 1 changes its own shard: it originates there; rank 0 first sees it arrive through the
     # forward's all-gather (not as an activation of its own)
-    c = compare_paths(a, torchrun(tmp_path / "shard", "fsdp_shard", steps=2))
+    c = compare_paths(a, runs["fsdp_shard"])
     assert not c and c.first.rank == 1 and c.first.step == 0 and c.first.kind == "init", str(c)
     r0 = [d for d in c.rank_firsts if d.rank == 0]
     assert r0 and (r0[0].kind, r0[0].name, r0[0].localization) == ("collective", "all_gather_single.0/out", "arrival"), r0
 
 
 @pytest.mark.slow
-def test_four_ranks_name_the_noisy_rank_and_the_others_receive_it(tmp_path):
-    a = torchrun(tmp_path / "a", "noise", nproc=4, steps=1, NOISE_RANK="2")
-    b = torchrun(tmp_path / "b", "noise", nproc=4, steps=1, NOISE_RANK="2")
-    c = compare_paths(a, b)
+def test_four_ranks_name_the_noisy_rank_and_the_others_receive_it(runs):
+    c = compare_paths(runs["noise"], runs["noise2"])
     assert not c and c.ranks == (0, 1, 2, 3) and c.world_size_a == 4
     assert c.first.step == 0 and c.first.rank == 2 and c.first.kind in ("batch", "input"), str(c)
     assert c.first.agree == (0, 1, 3) and c.first.differ == ()

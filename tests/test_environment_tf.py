@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -18,6 +19,12 @@ PY = sys.executable
 
 
 def _collect(code: str, cwd, env: dict | None = None) -> dict:
+    return _collect_all(code, cwd, [env])[0]
+
+
+def _collect_all(code: str, cwd, envs: list[dict | None]) -> list[dict]:
+    """The environment record of ``code`` run as a script once per entry of ``envs``, side by side (a
+    TF process spends most of its life importing TensorFlow on one core)."""
     script = cwd / "train_env.py"  # a file, so the record can read the script's imports
     script.write_text(textwrap.dedent(code) + textwrap.dedent(
         """
@@ -28,12 +35,17 @@ def _collect(code: str, cwd, env: dict | None = None) -> dict:
         print("ENV " + json.dumps(e))
         """
     ))
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    for k in [k for k, v in full_env.items() if v is None]:
-        del full_env[k]
-    r = subprocess.run([PY, str(script)], cwd=cwd, capture_output=True, text=True, timeout=180, env=full_env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("ENV ")][-1][4:])
+
+    def run(env: dict | None) -> dict:
+        full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        for k in [k for k, v in full_env.items() if v is None]:
+            del full_env[k]
+        r = subprocess.run([PY, str(script)], cwd=cwd, capture_output=True, text=True, timeout=180, env=full_env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("ENV ")][-1][4:])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(run, envs))
 
 
 def test_keras_api_is_read_from_the_script_imports():
@@ -58,9 +70,9 @@ def test_op_determinism_and_tf_numerics_vars_show_in_the_environment_diff(tmp_pa
         from reprobisect.runners.environment import note_tf_execution
         note_tf_execution(run_eagerly=False, jit_compile=bool(os.environ.get("JIT")), mode="graph")
         """
-    a = _collect(code, tmp_path, env={"DET": None, "JIT": None, "TF_XLA_FLAGS": None})
-    b = _collect(code, tmp_path, env={"DET": "1", "JIT": "1", "TF_XLA_FLAGS": "--tf_xla_auto_jit=2",
-                                      "TF_CUDNN_DETERMINISTIC": "1"})
+    a, b = _collect_all(code, tmp_path, [{"DET": None, "JIT": None, "TF_XLA_FLAGS": None},
+                                         {"DET": "1", "JIT": "1", "TF_XLA_FLAGS": "--tf_xla_auto_jit=2",
+                                          "TF_CUDNN_DETERMINISTIC": "1"}])
     assert "torch" not in a["_modules"]
     tf = a["tensorflow"]
     assert tf["op_determinism"] is False and b["tensorflow"]["op_determinism"] is True

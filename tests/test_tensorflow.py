@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,22 @@ def _launch(trace: Path, script: Path | str, *args: str, steps: int = 2, cwd: Pa
            str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd or ROOT,
                           env={**_env(), **(extra_env or {})})
+
+
+def _launch_all(d: Path, launches: dict, cwd: Path | None = None,
+                pool: ThreadPoolExecutor | None = None) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Record each of ``launches`` (name -> (script, args, steps[, extra env])) into ``d / name``, two at a
+    time: a TF process spends most of its life importing TensorFlow on one core, so the second core
+    records another meanwhile. Returns name -> (trace, completed process), as ``_launch`` for each."""
+
+    def one(name: str) -> tuple[Path, subprocess.CompletedProcess]:
+        script, args, steps, *extra = launches[name]
+        return d / name, _launch(d / name, script, *args, steps=steps, cwd=cwd, extra_env=extra[0] if extra else None)
+
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=2) as own:
+            return dict(zip(launches, own.map(one, launches)))
+    return dict(zip(launches, pool.map(one, launches)))
 
 
 def _bisect(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -155,15 +172,15 @@ def tape(tmp_path_factory):
     """))
     idle_script = d / "idle.py"
     idle_script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
-    return {
-        "graph": (d / "graph", _launch(d / "graph", CORPUS / "tf_tape.py", "--sever", "1", "--function", "1",
-                                       "--steps", "2", steps=5)),
-        "eager": (d / "eager", _launch(d / "eager", CORPUS / "tf_tape.py", "--sever", "1", "--steps", "2", steps=5)),
-        "torch": (d / "torch", _launch(d / "torch", torch_script, steps=5)),
-        "idle": (d / "idle", _launch(d / "idle", idle_script)),
-        "xla": (d / "xla", _launch(d / "xla", xla_script)),
-        "fit_ds": (d / "fit_ds", _launch(d / "fit_ds", fit_ds, steps=7)),
+    launches = {
+        "graph": (CORPUS / "tf_tape.py", ("--sever", "1", "--function", "1", "--steps", "2"), 5),
+        "eager": (CORPUS / "tf_tape.py", ("--sever", "1", "--steps", "2"), 5),
+        "torch": (torch_script, (), 5),
+        "idle": (idle_script, (), 2),
+        "xla": (xla_script, (), 2),
+        "fit_ds": (fit_ds, (), 7),
     }
+    return _launch_all(d, launches)
 
 
 @pytest.mark.slow
@@ -257,9 +274,9 @@ def fit(tmp_path_factory):
         "graph": (),
         "xla": ("--jit", "1"),
     }
-    out = {k: (d / k, _launch(d / k, CORPUS / "keras_fit.py", *a)) for k, a in runs.items()}
-    out["forced"] = (d / "forced", _launch(d / "forced", CORPUS / "keras_fit.py", extra_env={"REPROBISECT_TF_EAGER": "1"}))
-    return out
+    launches = {k: (CORPUS / "keras_fit.py", a, 2) for k, a in runs.items()}
+    launches["forced"] = (CORPUS / "keras_fit.py", (), 2, {"REPROBISECT_TF_EAGER": "1"})
+    return _launch_all(d, launches)
 
 
 def _plain(script: Path, *args: str) -> subprocess.CompletedProcess:
@@ -273,9 +290,11 @@ def test_recording_changes_no_numerics_of_a_whole_fit(tmp_path, eager):
     """Observers observe: a fit that ends by itself under the recorder (8 steps, --steps 20)
     ends with the same loss, to the bit, as the plain script (graph mode: with its taps)."""
     args = ("--eager", eager)
-    rec = _launch(tmp_path / "t", CORPUS / "keras_fit.py", *args, steps=20)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # side by side: each mostly imports TensorFlow on one core
+        rec = pool.submit(_launch, tmp_path / "t", CORPUS / "keras_fit.py", *args, steps=20)
+        plain = pool.submit(_plain, CORPUS / "keras_fit.py", *args)
+        rec, plain = rec.result(), plain.result()
     _ok(rec)
-    plain = _plain(CORPUS / "keras_fit.py", *args)
     _ok(plain)
     loss = [line for line in rec.stdout.splitlines() if line.startswith("loss ")]
     assert loss and loss == [line for line in plain.stdout.splitlines() if line.startswith("loss ")]
@@ -430,8 +449,8 @@ def test_runs_over_a_keras_history_names_the_commit_and_the_layer(tmp_path):
     culprit = git("rev-parse", "HEAD")
     (repo / "README.md").write_text("more notes\n")
     git("commit", "-qam", "docs again")
-    p = _bisect("runs", "--good", good, "--bad", "HEAD", "--steps", "2", "-q", "--json", "--", "python", "train.py",
-                "--eager", "1", cwd=repo)
+    p = _bisect("runs", "--good", good, "--bad", "HEAD", "--steps", "2", "-j", "2", "-q", "--json", "--", "python",
+                "train.py", "--eager", "1", cwd=repo)
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads(p.stdout)
     assert out["first_bad"]["hash"] == culprit
@@ -586,10 +605,11 @@ def evaluation(tmp_path_factory):
     d = tmp_path_factory.mktemp("evaluation")
     (d / "fit_val.py").write_text(_EVAL_FIT)
     runs = {"none": ("none", "0"), "val": ("data", "0"), "val_eager": ("data", "1")}
-    out = {k: (d / k, _launch(d / k, d / "fit_val.py", *a, steps=20, cwd=d)) for k, a in runs.items()}
-    plain = subprocess.run([PYTHON, str(d / "fit_val.py"), "data", "0"], capture_output=True, text=True,
-                           timeout=TIMEOUT, cwd=d, env=_env())
-    return d, out, plain
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        plain = pool.submit(subprocess.run, [PYTHON, str(d / "fit_val.py"), "data", "0"], capture_output=True,
+                            text=True, timeout=TIMEOUT, cwd=d, env=_env())
+        out = _launch_all(d, {k: (d / "fit_val.py", a, 20) for k, a in runs.items()}, cwd=d, pool=pool)
+        return d, out, plain.result()
 
 
 @pytest.mark.slow

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -115,14 +117,30 @@ def _run(script: Path, *args) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def chains(tmp_path_factory):
+    """Every full-then-resumed pair of fresh processes this module checks, two pairs side by side (a
+    TF process spends most of its life importing TensorFlow on one core): ``train`` (TRAIN, captured
+    at step 3) and the recorder's own state steps of a fit in ``graph`` and ``eager`` mode
+    (RECORDED_FIT). Each: (full, resumed, trace)."""
     tmp = tmp_path_factory.mktemp("tfstate")
-    script = tmp / "train.py"
-    script.write_text(TRAIN)
-    trace = str(tmp / "run")
-    full = _run(script, "full", trace, 3)
-    resumed = _run(script, "resume", trace, 3)
-    return full, resumed, Path(trace)
+    (tmp / "train.py").write_text(TRAIN)
+    (tmp / "fit.py").write_text(RECORDED_FIT)
+
+    def chain(name: str) -> tuple[dict, dict, Path]:
+        if name == "train":
+            trace = str(tmp / "run")
+            return _run(tmp / "train.py", "full", trace, 3), _run(tmp / "train.py", "resume", trace, 3), Path(trace)
+        trace = tmp / f"{name}.trace"
+        return _run(tmp / "fit.py", "full", trace, name), _run(tmp / "fit.py", "resume", trace, name), trace
+
+    names = ["train"] + (["graph", "eager"] if importlib.util.find_spec("reprobisect.runners.tensorflow") else [])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(names, pool.map(chain, names)))
+
+
+@pytest.fixture(scope="module")
+def runs(chains):
+    return chains["train"]
 
 
 @pytest.mark.slow
@@ -320,17 +338,13 @@ RECORDED_FIT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_the_recorders_state_steps_restore_bitwise(tmp_path, mode):
+def test_the_recorders_state_steps_restore_bitwise(chains, mode):
     """The TF recorder calls capture_state at its policy's state steps (state/step-K after the
     0-based step K, i.e. after K + 1 updates); a fresh process resumes from it bitwise."""
     pytest.importorskip("reprobisect.runners.tensorflow")
-    script = tmp_path / "fit.py"
-    script.write_text(RECORDED_FIT)
-    trace = tmp_path / "run.trace"
-    full = _run(script, "full", trace, mode)
+    full, resumed, trace = chains[mode]
     assert (trace / "state" / "step-2" / "model.safetensors").is_file()
     assert full["execution"]["mode"] == mode and full["execution"]["run_eagerly"] is (mode == "eager")
-    resumed = _run(script, "resume", trace, mode)
     assert [resumed[k] for k in ("4", "5", "6")] == [full[k] for k in ("4", "5", "6")]
 
 
