@@ -543,7 +543,6 @@ _TRAIN = textwrap.dedent(
 
 def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path):
     pytest.importorskip("reprobisect.runners.launch")
-    from reprobisect.core.options import ProbeOptions
     from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
     repo = tmp_path / "repo"

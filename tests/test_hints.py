@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from reprobisect.core.compare import Tolerance, compare_paths
 from reprobisect.render import render_comparison

@@ -10,7 +10,7 @@ executor's config dataclass (``reprobisect.executors.EXECUTORS``), carried opaqu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,14 @@ class ProbeOptions:
     loss, gradient norm, learning rates, scale, parameters after the step)."""
     state_every: int | None = None
     """Complete state after every K-th step (``--state-every``; None: 50 with sentinel, else none)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set for every probe these options run (under the spec's own:
+    ``envs``' sides and ``repro``'s PYTHONHASHSEED win). An audit check's ``env:`` travels
+    here, so checks running at once never share one process environment."""
+    shared_executor: Any = None
+    """An open executor every workflow given these options borrows instead of making its own
+    (``executor_for`` hands back a view whose ``close`` does nothing; its owner closes it):
+    one executor, one Ray start, for a whole audit night."""
 
     def __post_init__(self) -> None:
         # every number is checked here, before any probe runs, whether it came from a flag
@@ -72,6 +80,8 @@ class ProbeOptions:
             raise UsageError(f"--detail takes {' or '.join(DETAILS)} (got {self.detail!r})")
         if self.state_every is not None:
             check_number("--state-every", self.state_every, minimum=1, integer=True)
+        if not isinstance(self.env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise UsageError(f"probe env must map names to strings (got {self.env!r})")
         if self.tolerance is not None and not isinstance(self.tolerance, Tolerance):
             raise UsageError(f"tolerance {self.tolerance!r} is not a Tolerance; build it with Tolerance.from_flags")
 
@@ -91,5 +101,5 @@ class ProbeOptions:
             "tolerance": self.tolerance.to_json() if self.tolerance is not None else None, "keep": self.keep,
             "out": str(self.out) if self.out is not None else None, "full_steps": list(self.full_steps),
             "quiet": self.quiet, "config": str(self.config) if self.config is not None else None, "link": list(self.link),
-            "detail": self.detail, "state_every": self.state_every,
+            "detail": self.detail, "state_every": self.state_every, "env": dict(self.env),
         }

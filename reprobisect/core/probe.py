@@ -67,6 +67,10 @@ class ProbeSpec:
     None: the executor's own folder, ``<out_dir>/<key>-a<attempt>`` (``trace_path``). The
     caller checks a folder named here first (``trace.outdir.check_trace_target``): an
     executor replaces it with the probe's trace and never deletes it beforehand."""
+    in_place: bool = False
+    """Run in ``workdir`` itself on every executor, never in a copy: the probes of one
+    question share the user's files (``bisect resume``: the checkpoint one run leaves is what
+    the next loads). Ray needs every node to see ``workdir`` for this."""
     echo: bool = False
     """Stream the command's output live to this process's terminal while it runs
     (``bisect capture``); executors that run it elsewhere keep it in the result only."""

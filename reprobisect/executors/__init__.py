@@ -23,7 +23,7 @@ from reprobisect.executors.ray import RAY_FLAGS, RayConfig
 from reprobisect.trace.outdir import prepare_output_dir
 
 __all__ = ["Executor", "ProbeResult", "ProbeSpec", "ExecutorFlag", "ExecutorKind", "EXECUTORS", "register",
-           "executor_kind", "make_executor", "executor_for", "submit_all"]
+           "executor_kind", "make_executor", "executor_for", "Borrowed", "submit_all"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,11 @@ def executor_for(options: ProbeOptions) -> Executor:
 
     It gets the shared settings (jobs, keep, out) and its own config's, nothing else.
     ``out``, when given, must be new, empty or reprobisect's own (``reprobisect.trace.outdir``).
+    With ``options.shared_executor`` set, that open executor is lent instead (``Borrowed``:
+    closing it does nothing; its traces go where it puts them).
     """
+    if options.shared_executor is not None:
+        return Borrowed(options.shared_executor)
     kind = executor_kind(options.executor)
     kw: dict[str, Any] = {"jobs": options.jobs, "keep": options.keep or options.out is not None, "out_dir": options.out}
     if kind.config is not None:
@@ -100,6 +104,26 @@ def executor_for(options: ProbeOptions) -> Executor:
     if options.out is not None:
         prepare_output_dir(options.out)
     return make_executor(kind.name, **kw)
+
+
+class Borrowed:
+    """An open executor lent to a workflow: everything passes through, ``close`` does nothing
+    (the owner closes it once, after every workflow that borrowed it has ended)."""
+
+    def __init__(self, inner: Executor) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:  # submit, submit_pair, name, max_parallel, ...
+        return getattr(self._inner, name)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Borrowed":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def submit_all(executor: Executor, specs: list[ProbeSpec]) -> list:

@@ -790,7 +790,7 @@ class RayExecutor:
                 self._archives[key] = ray.put(archive_commit(spec.repo, spec.revision))
             return ("archive", self._archives[key])
         folder = Path(spec.workdir) if spec.workdir else Path.cwd()
-        if self.shared_fs:
+        if self.shared_fs or spec.in_place:
             return ("shared", str(folder.resolve()))
         return ("tree", ray.put(_tar_folder(folder, self.max_ship_bytes)))
 

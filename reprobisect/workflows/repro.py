@@ -37,12 +37,14 @@ __all__ = ["ProbeReport", "ReproResult", "probe_checkout", "run_repro", "spec_fo
 
 def spec_for(argv: list[str], options: ProbeOptions, *, key: str, workdir: str | os.PathLike | None = None,
              env: dict[str, str] | None = None, python: str | None = None) -> ProbeSpec:
-    """A ``ProbeSpec`` running ``argv`` in ``workdir`` (default: the current folder) as is."""
+    """A ``ProbeSpec`` running ``argv`` in ``workdir`` (default: the current folder) as is.
+
+    Its environment: ``options.env`` with ``env`` over it."""
     return ProbeSpec(
         key=key,
         argv=tuple(argv),
         workdir=str(Path(workdir or os.getcwd()).resolve()),
-        env=dict(env or {}),
+        env={**options.env, **(env or {})},
         python=python,
         steps=options.steps,
         full_steps=options.full_steps,

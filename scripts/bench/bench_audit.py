@@ -6,7 +6,7 @@ the golden of each of 10 checks is calibrated from two of them, then everything
 against each golden (the noise band path: the runs differ), the history transaction and
 read-back, the JSON document and the JUnit file. ``end_to_end`` (unless ``--no-e2e``): a
 real ``run_audit`` of the same 10 golden checks, its wall time minus the time spent inside
-the probes (each ``submit`` to ``result``, executor start included). ``--json`` prints data.
+the probes (each ``submit`` to ``result``); the night's one executor start counts as overhead. ``--json`` prints data.
 
     PYTHONPATH=. python scripts/bench/bench_audit.py --json
 """

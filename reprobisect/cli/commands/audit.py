@@ -7,7 +7,6 @@ records the goldens and exits 0 (1 when one could not be recorded).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click

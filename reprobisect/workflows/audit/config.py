@@ -30,9 +30,9 @@ _OWN = {
     "golden": {"golden", "noise_runs"},
     "seeds": {"seeds"},
     "envs": {"a", "b"},
-    "resume": set(),
+    "resume": {"at", "resume_args"},
 }
-_CHECK_ONLY = {"name", "check", "golden", "a", "b"}
+_CHECK_ONLY = {"name", "check", "golden", "a", "b", "at", "resume_args"}
 _TOP_ONLY = {"name", "checks", "repo", "last_good", "golden_remote", "history"}
 
 
@@ -68,6 +68,10 @@ class CheckSpec:
     """``envs``: side A's spec (``env.OMP_NUM_THREADS=1``)."""
     b: str = ""
     """``envs``: side B's spec."""
+    at: int = 1
+    """``resume``: the run is interrupted after this many steps (default: half of ``steps``)."""
+    resume_args: tuple[str, ...] = ()
+    """``resume``: the arguments that make the command resume (``--resume ckpt.pt``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,14 +195,35 @@ def _check(raw: Any, i: int, defaults: Mapping[str, Any], folder: Path) -> Check
         for side in ("a", "b"):
             if not isinstance(raw.get(side), str) or not raw[side].strip():
                 raise _bad(where, side, "is missing; an envs check needs a: and b: specs, e.g. a: env.OMP_NUM_THREADS=1")
+    steps = _int(merged.get("steps", 3), where, "steps", 1)
+    at, resume_args = 1, ()
+    if kind == "resume":
+        at, resume_args = _resume_keys(raw, where, steps)
     return CheckSpec(
         name=name, check=kind, command=_command(merged["command"], where), env=env,
-        steps=_int(merged.get("steps", 3), where, "steps", 1), timeout=float(timeout) if timeout else None,
+        steps=steps, timeout=float(timeout) if timeout else None,
         detail=detail, tolerance=_tolerance(merged.get("tolerance"), where),
         runs=_int(merged.get("runs", 2), where, "runs", 2), seeds=tuple(str(s) for s in seeds), golden=golden,
         noise_runs=_int(merged.get("noise_runs", DEFAULT_NOISE_RUNS), where, "noise_runs", 1),
-        a=str(raw.get("a", "")), b=str(raw.get("b", "")),
+        a=str(raw.get("a", "")), b=str(raw.get("b", "")), at=at, resume_args=resume_args,
     )
+
+
+def _resume_keys(raw: Mapping[str, Any], where: str, steps: int) -> tuple[int, tuple[str, ...]]:
+    """A resume check's ``at`` (default half its steps) and ``resume_args`` (required)."""
+    if steps < 2:
+        raise _bad(where, "steps", f"must be at least 2 for a resume check (interrupted after 'at' steps, compared after; got {steps})")
+    at = _int(raw.get("at", steps // 2), where, "at", 1)
+    if at >= steps:
+        raise _bad(where, "at", f"is {at}, which leaves no step to compare with steps: {steps}; use at below steps (e.g. at: {steps // 2})")
+    args = raw.get("resume_args")
+    if args is None:
+        raise _bad(where, "resume_args", "is missing; give the arguments that make the command resume, e.g. resume_args: --resume ckpt.pt")
+    try:
+        argv = _command(args, where)
+    except UsageError:
+        raise _bad(where, "resume_args", f"must be a non-empty string or list of arguments, e.g. --resume ckpt.pt (got {args!r})") from None
+    return at, argv
 
 
 def parse_audit_config(data: Any, path: Path) -> AuditConfig:

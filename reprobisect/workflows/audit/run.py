@@ -9,25 +9,29 @@ by itself (``bisect runs`` between the last good revision and the current one) w
 config names ``repo`` and a last good revision is known (``last_good:`` or the history).
 
 Checks call the workflows' library functions (``run_repro``, ``run_seeds``, ``run_envs``,
-``find_first_bad``) with the audit's executor settings; a check's ``env`` is set in this
-process's environment while it runs (every executor copies it into its probes).
+``find_first_bad``). The night opens ONE executor (``--executor``, ``--jobs K``) that every
+check borrows (``ProbeOptions.shared_executor``: one Ray start a night, not one per check),
+and runs up to ``jobs`` checks at once; a check's ``env`` travels in its own options
+(``ProbeOptions.env``) into its own probes' specs, never through this process's
+environment, so checks running together cannot see each other's. Results keep the
+config's order whatever order the checks end in.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import subprocess
+import threading
 import time
 import uuid
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from reprobisect.core.options import ProbeOptions
-from reprobisect.errors import ReproError, UsageError
+from reprobisect.errors import ProbeError, ReproError, UsageError
 from reprobisect.executors import executor_for, submit_all
 from reprobisect.executors.retry import retry
 from reprobisect.workflows.audit import golden as goldens
@@ -104,18 +108,11 @@ class AuditResult:
 # --------------------------------------------------------------------------- helpers
 
 
-@contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+_DVC_LOCK = threading.Lock()
+"""DVC commands on one repository (goldens pulled or pushed) never run at once."""
+_BISECT_LOCK = threading.Lock()
+"""Auto-bisections run one at a time: a ``bisect runs`` session holds its repository's lock,
+so a second one started alongside would fail at once instead of waiting."""
 
 
 def revision_of(folder: Path) -> str | None:
@@ -159,7 +156,8 @@ def _options(base: ProbeOptions, spec: CheckSpec, out: Path, **kw: Any) -> Probe
         # a value tolerance needs the tensors to tell close from diverged (stats alone cannot)
         kw.setdefault("full_steps", tuple(range(spec.steps + 1)))
     return replace(base, steps=spec.steps, timeout=spec.timeout if spec.timeout is not None else base.timeout,
-                   detail=spec.detail, tolerance=spec.tolerance, keep=True, out=out, quiet=True, **kw)
+                   detail=spec.detail, tolerance=spec.tolerance, keep=True, out=out, quiet=True,
+                   env={**base.env, **spec.env}, **kw)
 
 
 def _repro(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
@@ -206,13 +204,22 @@ def _envs(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
 
 
 def _resume(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
-    try:
-        import reprobisect.workflows.resume  # noqa: F401  TODO(merge: resume): call its library function here
-    except ImportError:
-        return {"verdict": "inconclusive", "line": "needs bisect resume, which this installation does not have",
-                "reason": "a resume check needs bisect resume (reprobisect.workflows.resume); use a newer reprobisect"}
-    return {"verdict": "inconclusive", "line": "resume checks are not wired to bisect resume yet",
-            "reason": "TODO(merge: resume): the audit does not call bisect resume's library yet"}
+    from reprobisect.workflows.resume import check_resume
+
+    r = check_resume(list(spec.command), list(spec.resume_args), at=spec.at, options=opts, cwd=cwd)
+    traces = {role: s.trace or "" for role, s in zip(("a", "interrupted", "b"), (r.runs[0], *r.runs[1:]))
+              if s.trace}
+    where = f"resumed after step {spec.at - 1}"
+    if r.verdict == "bitwise":
+        note = f"; {r.reason}" if r.reason else ""
+        return {"verdict": "bitwise", "line": f"{where}, steps {spec.at}..{spec.steps - 1} continue the "
+                f"uninterrupted run bitwise{note}", "traces": traces}
+    if r.verdict == "diverged" and r.finding is not None:
+        f = r.finding
+        fd = {"step": f.step, "stage": f.component, "tensor": f.what, "rank": None}
+        return {"verdict": "diverged", "line": f"{where}: first divergence at step {f.step} · {f.component} · "
+                f"{f.what}", "first_divergence": fd, "traces": traces}
+    return {"verdict": "inconclusive", "line": f"{where}: {r.reason}", "reason": r.reason, "traces": traces}
 
 
 def _full(opts: ProbeOptions, spec: CheckSpec) -> ProbeOptions:
@@ -247,7 +254,8 @@ def _golden(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list
             revision: str | None) -> dict[str, Any]:
     assert spec.golden is not None
     if cfg.golden_remote and cfg.repo is not None:
-        goldens.dvc_fetch(cfg.repo, spec.golden, cfg.golden_remote)
+        with _DVC_LOCK:
+            goldens.dvc_fetch(cfg.repo, spec.golden, cfg.golden_remote)
     gtrace, band = goldens.load_golden(spec.golden)
     (run,) = _probe(spec, _full(opts, spec), cfg.folder, 1)
     if not run.outcome:
@@ -291,7 +299,8 @@ def _bisect(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list
                     check="match", env=dict(spec.env),
                     options=replace(opts, tolerance=goldens.band_tolerance(band), keep=False, out=None, full_steps=()))
     try:
-        r = find_first_bad(rc)
+        with _BISECT_LOCK:
+            r = find_first_bad(rc)
     except ReproError as e:
         return Culprit(None, line=f"auto-bisect could not run: {e}")
     if r.first_bad is None or r.inconclusive:
@@ -309,11 +318,10 @@ def _run_check(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path,
     folder = out / spec.name
     opts = _options(base, spec, folder)
     try:
-        with _environ(dict(spec.env)):
-            if spec.check == "golden":
-                got = _golden(spec, opts, cfg, history, revision)
-            else:
-                got = _KINDS[spec.check](spec, opts, cfg.folder)
+        if spec.check == "golden":
+            got = _golden(spec, opts, cfg, history, revision)
+        else:
+            got = _KINDS[spec.check](spec, opts, cfg.folder)
     except ReproError as e:  # a run that could not produce a trace, a missing golden, DVC failing
         got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
     except Exception as e:  # noqa: BLE001  one check's bug never stops the others; it is said, never a pass
@@ -330,23 +338,52 @@ def _record_golden(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: P
     t0 = time.perf_counter()
     opts = _full(_options(base, spec, out / spec.name), spec)
     try:
-        with _environ(dict(spec.env)):
-            runs = _probe(spec, opts, cfg.folder, max(1, spec.noise_runs))
+        runs = _probe(spec, opts, cfg.folder, max(1, spec.noise_runs))
         bad = next((r for r in runs if not r.outcome), None)
         if bad is not None:
             raise UsageError(f"cannot record golden '{spec.name}': {_ended(bad)}")
         assert spec.golden is not None
         band = goldens.save_golden(spec.golden, [r.trace_dir for r in runs])
         if cfg.golden_remote and cfg.repo is not None:
-            goldens.dvc_publish(cfg.repo, spec.golden, cfg.golden_remote)
+            with _DVC_LOCK:
+                goldens.dvc_publish(cfg.repo, spec.golden, cfg.golden_remote)
         kind = "bitwise-reproducible" if not band.tensors else f"noise band over {len(band.tensors)} tensors"
         got = {"verdict": "bitwise", "line": f"golden recorded from {len(runs)} runs ({kind})",
                "noise": _noise(band), "traces": {"a": str(spec.golden / goldens.TRACE_DIR)}}
     except ReproError as e:
         got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
+    except Exception as e:  # noqa: BLE001  one golden's bug never stops the others' recording
+        got = {"verdict": "inconclusive", "line": f"internal error: {type(e).__name__}: {e}",
+               "reason": f"internal error: {type(e).__name__}: {e}"}
     return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=time.perf_counter() - t0,
                        verdict=got["verdict"], line=got["line"], reason=got.get("reason"), noise=got.get("noise"),
                        traces=got.get("traces") or {})
+
+
+def _in_order(calls: list[Any], jobs: int) -> list[Any]:
+    """Every call's value in the calls' order, up to ``jobs`` of them running at once."""
+    if jobs <= 1 or len(calls) <= 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(calls)), thread_name_prefix="audit-check") as pool:
+        futures = [pool.submit(c) for c in calls]
+        return [f.result() for f in futures]
+
+
+def _record_goldens(cfg: AuditConfig, opts: ProbeOptions, out: Path) -> list[CheckResult]:
+    """``--update-golden``: record every golden once (checks sharing one golden: its first check records it)."""
+    recorded: dict[Path, str] = {}
+    calls: list[Any] = []
+    for s in cfg.checks:
+        if s.check != "golden":
+            continue
+        if s.golden in recorded:
+            line = f"shares the golden recorded by '{recorded[s.golden]}'"
+            calls.append(lambda s=s, line=line: CheckResult(name=s.name, check=s.check, command=s.command, wall_s=0.0,
+                                                            verdict="bitwise", line=line))
+            continue
+        recorded[s.golden] = s.name  # type: ignore[index]
+        calls.append(lambda s=s: _record_golden(s, opts, cfg, out))
+    return _in_order(calls, opts.jobs)
 
 
 def run_audit(cfg: AuditConfig, options: ProbeOptions | None = None, *, update_golden: bool = False,
@@ -366,24 +403,29 @@ def run_audit(cfg: AuditConfig, options: ProbeOptions | None = None, *, update_g
     out.mkdir(parents=True, exist_ok=True)
     db = cfg.history_path
     key = str(cfg.path)
-    if update_golden:
-        recorded: dict[Path, str] = {}
-        checks_l = []
-        for s in cfg.checks:
-            if s.check != "golden":
-                continue
-            if s.golden in recorded:  # several checks judged against one golden: its first check records it
-                checks_l.append(CheckResult(name=s.name, check=s.check, command=s.command, wall_s=0.0, verdict="bitwise",
-                                            line=f"shares the golden recorded by '{recorded[s.golden]}'"))
-                continue
-            recorded[s.golden] = s.name  # type: ignore[index]
-            checks_l.append(_record_golden(s, base, cfg, out))
-        checks = tuple(checks_l)
-        return AuditResult(config=key, name=cfg.name, started=started, wall_s=time.perf_counter() - t0, checks=checks,
-                           updated=True, results_dir=str(out), history=tuple(hist.nights(db, key)))
+    # one executor for the whole night (one Ray start, one worktree pool), lent to every check
+    try:
+        ex = executor_for(replace(base, out=out / "probes", keep=True, shared_executor=None))
+    except ProbeError as e:  # Ray unreachable, say: every check is inconclusive with the reason, still reported
+        why = f"the {base.executor} executor could not start: {e}"
+        down = tuple(CheckResult(name=s.name, check=s.check, command=s.command, wall_s=0.0, verdict="inconclusive",
+                                 line=why, reason=why) for s in cfg.checks if not update_golden or s.check == "golden")
+        if update_golden:
+            return AuditResult(config=key, name=cfg.name, started=started, wall_s=time.perf_counter() - t0,
+                               checks=down, updated=True, results_dir=str(out), history=tuple(hist.nights(db, key)))
+        ex, results = None, list(down)
     revision = revision_of(cfg.repo or cfg.folder)
-    past = hist.nights(db, key)
-    results = [_run_check(s, base, cfg, out, past, revision) for s in cfg.checks]
+    if ex is not None:
+        with ex:
+            shared = replace(base, shared_executor=ex)
+            if update_golden:
+                checks = tuple(_record_goldens(cfg, shared, out))
+                return AuditResult(config=key, name=cfg.name, started=started, wall_s=time.perf_counter() - t0,
+                                   checks=checks, updated=True, results_dir=str(out),
+                                   history=tuple(hist.nights(db, key)))
+            past = hist.nights(db, key)
+            results = _in_order([lambda s=s: _run_check(s, shared, cfg, out, past, revision) for s in cfg.checks],
+                                base.jobs)
     hist.record_night(db, key, started, [hist.Night(started, r.name, r.check, revision, r.verdict, r.line, r.wall_s)
                                          for r in results])
     now = hist.nights(db, key)

@@ -102,7 +102,7 @@ def _spec(argv: list[str], options: ProbeOptions, key: str, steps: int, workdir:
           extra: tuple[str, ...] = ()) -> ProbeSpec:
     return ProbeSpec(key=key, argv=tuple(argv), workdir=str(workdir), steps=steps, timeout=options.timeout,
                      full_steps=tuple(s for s in options.full_steps if s < steps), extra_launch_args=extra,
-                     **options.launch_fields())
+                     in_place=True, **options.launch_fields())
 
 
 def _summary(role: str, r: ProbeResult) -> RunSummary:
@@ -218,11 +218,9 @@ def check_resume(argv: list[str], resume_args: list[str], *, at: int, options: P
     _check_args(argv, at, options.steps)
     if not resume_args:
         raise UsageError("--resume-args is empty; give the flags that make the command resume")
+    # the runs share the user's folder (the checkpoint one leaves is what the next loads): their
+    # specs run in place (``ProbeSpec.in_place``) on every executor, a borrowed one included
     with executor_for(options) as ex, progress("resume", total=3, quiet=options.quiet) as p:
-        if getattr(ex, "shared_fs", None) is False:
-            # the runs must share the user's folder (the checkpoint one leaves is what the next loads):
-            # Ray ships a copy of the folder to each probe unless it runs the folder in place
-            ex.shared_fs = True
         ref = record_reference(argv, at=at, options=options, executor=ex, cwd=cwd, progress_=p)
         return judge_resumed(ref, argv, resume_args, options=options, executor=ex, cwd=cwd, progress_=p)
 
