@@ -568,6 +568,23 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
     assert answers["ray"].first_bad.hash == answers["local"].first_bad.hash == commits[1]
 
 
+def test_resume_runs_share_the_folder_through_a_borrowed_ray_executor(cluster, tmp_path):
+    """bisect resume's three runs through a Ray executor lent by its owner (an audit night): they
+    run in the user's folder (the checkpoint one leaves is what the next loads) without the owner's
+    executor being switched to shared_fs, and the forgotten scheduler is named."""
+    pytest.importorskip("reprobisect.runners.launch")
+    from reprobisect.workflows.resume import check_resume
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples" / "resume" / "train.py", tmp_path / "train.py")
+    with RayExecutor(max_parallel=1) as ex:
+        opts = ProbeOptions(steps=4, quiet=True, shared_executor=ex)
+        r = check_resume([sys.executable, "train.py", "--total", "4", "--ckpt", "c.pt", "--bug", "scheduler"],
+                         ["--resume", "c.pt"], at=1, options=opts, cwd=tmp_path)
+        assert ex.shared_fs is False
+    assert r.verdict == "diverged" and r.finding.component == "learning rate / scheduler", (r.reason, r.runs)
+    assert (tmp_path / "c.pt").is_file()
+
+
 def test_local_instance_started_and_shut_down(tmp_path):
     """Without an address the executor starts its own Ray (no dashboard) and stops it on close."""
     script = tmp_path / "local_ray.py"
