@@ -265,6 +265,7 @@ def test_cli_writes_junit_and_json_one_case_per_check(tmp_path):
     cases = [c for s in JUnitXml.fromfile(str(tmp_path / "a.xml")) for c in s]
     assert [c.name for c in cases] == ["r1", "r2"] and all(isinstance(c.result[0], Error) for c in cases)
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+    assert all((tmp_path / f).stat().st_mode & 0o044 == 0o044 for f in ("a.xml", "a.json"))  # readable by CI's uploader
     assert (tmp_path / ".bisect-audit.sqlite").is_file()
 
 

@@ -31,6 +31,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # a report others read (CI artifacts), not mkstemp's private 0600
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
