@@ -183,6 +183,7 @@ def test_resume_checks_name_the_forgotten_component(night):
     assert bug["verdict"] == "diverged" and not bug["passed"], bug["line"]
     assert bug["first_divergence"]["stage"] == "learning rate / scheduler" and bug["first_divergence"]["step"] >= 2
     assert (night.d / "ok.pt").is_file() and (night.d / "bug.pt").is_file()  # the runs shared the config's folder
+    assert set(bug["traces"]) == {"uninterrupted", "interrupted", "resumed"}  # never an a/b pair: steps do not align
 
 
 def test_two_nights_history_and_auto_bisect_names_planted_commit(night):

@@ -207,8 +207,9 @@ def _resume(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
     from reprobisect.workflows.resume import check_resume
 
     r = check_resume(list(spec.command), list(spec.resume_args), at=spec.at, options=opts, cwd=cwd)
-    traces = {role: s.trace or "" for role, s in zip(("a", "interrupted", "b"), (r.runs[0], *r.runs[1:]))
-              if s.trace}
+    # named by role, never a/b: the resumed run's step 0 is step K of the others, so a report must
+    # not plot them side by side as one pair
+    traces = {s.role: s.trace for s in r.runs if s.trace}
     where = f"resumed after step {spec.at - 1}"
     if r.verdict == "bitwise":
         note = f"; {r.reason}" if r.reason else ""
