@@ -359,6 +359,9 @@ def test_tree_pids_finds_processes_by_token(tmp_path):
     env = {**os.environ, "REPROBISECT_BOOT_TOKEN": "tok-" + tmp_path.name}
     p = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
     try:
+        deadline = time.monotonic() + 10  # a loaded machine: the child's /proc entry may lag its start
+        while p.pid not in anycommand.tree_pids("tok-" + tmp_path.name) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert p.pid in anycommand.tree_pids("tok-" + tmp_path.name)
         anycommand.kill_tree("tok-" + tmp_path.name)
         assert p.wait(timeout=5) == -9
