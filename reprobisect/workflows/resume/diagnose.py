@@ -26,13 +26,14 @@ the order a step depends on its state:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.reader import Trace
 
-__all__ = ["COMPONENTS", "Finding", "diagnose", "first_difference"]
+__all__ = ["COMPONENTS", "Alignment", "Finding", "align", "diagnose", "first_difference"]
 
 COMPONENTS = ("checkpoint", "step counter", "model parameters", "data order", "dataloader position", "learning rate / scheduler",
               "GradScaler", "loop progress", "callback state", "RNG", "optimizer state", "other")
@@ -212,6 +213,17 @@ def _optim_state_differs(sa: Step, sc: Step) -> str | None:
     return first
 
 
+def _earlier_input(a: Trace, sa: Step, r: Record) -> int | None:
+    """The earlier step of A whose record ``r.key`` (a model input) has C's fingerprint, or None."""
+    for s in a.steps:
+        if s.step >= sa.step:
+            break
+        ra = s.by_key().get(r.key)
+        if ra is not None and ra.fingerprint == r.fingerprint:
+            return s.step
+    return None
+
+
 def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str, str, str] | None:
     """(component, what, why) from the records in chain order; None when they agree."""
     ka = sa.by_key()
@@ -235,6 +247,13 @@ def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str
                         "a random operation (dropout, an augmentation) drew different numbers: restore the RNG "
                         "states (torch, numpy, python, CUDA) from the checkpoint")
             if r.kind == "input" and batch_agrees:
+                seen = _earlier_input(a, sa, r) if not any(x.kind == "batch" for x in sc.records) else None
+                if seen is not None:
+                    return ("data order", what + f" is the uninterrupted run's input at step {seen}: the data went "
+                            "back to an earlier position",
+                            "the batches do not come from a DataLoader the recorder sees (sampled with torch.randint, "
+                            "indexed by hand): the RNG or position they are drawn from was not restored; save and "
+                            "restore it (torch.get_rng_state(), the data index) with the checkpoint")
                 return ("RNG", what + " differs while the batch agrees",
                         "the batch was changed between the loader and the model (a random augmentation): restore "
                         "the RNG states from the checkpoint")
@@ -258,8 +277,104 @@ def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str
     return None
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """How the resumed run C lines up with the uninterrupted run A."""
+
+    start: int
+    """The step of A that C's step 0 is: ``at``, or ``s + 1`` after a resume from an older checkpoint (after step s)."""
+    trace: Trace
+    """C, with the batches its step 0 drew and discarded (to reach its data position) left out."""
+    notes: tuple[str, ...] = ()
+    """What the alignment did, one sentence each (said beside the verdict)."""
+
+
+_OCCURRENCE = re.compile(r"^(.*?)(?:#(\d+))?$")
+
+
+def _drop_skipped(a: Trace, c: Trace, start: int) -> tuple[Trace, int]:
+    """C without the first p batches of its step 0 when they are exactly the batches A trained on
+    at steps ``start-p..start-1`` and the rest is A's step ``start``'s: a resume that skips to its
+    data position by drawing and discarding the epoch's consumed batches (the recorder cannot tell
+    a batch drawn and thrown away from one that trains). Returns (C, p); p = 0: nothing dropped."""
+    sc, sa = c.step(0), a.step(start)
+    if sc is None or sa is None or not sc.batch_ids or not sa.batch_ids or sc.batch_ids == sa.batch_ids:
+        return c, 0
+    ids, want = list(sc.batch_ids), list(sa.batch_ids)
+    if len(ids) <= len(want) or ids[-len(want):] != want:
+        return c, 0
+    prefix, p, got = ids[:-len(want)], 0, []
+    while len(got) < len(prefix):
+        prev = a.step(start - p - 1)
+        if prev is None or not prev.batch_ids:
+            return c, 0
+        got = list(prev.batch_ids) + got
+        p += 1
+    if got != prefix:
+        return c, 0
+    per_batch = [r for r in sc.records if r.kind == "batch" and _OCCURRENCE.match(r.name).group(1) == "ids"]
+    if len(per_batch) != p + 1:  # one ids record per drawn batch, else the batches cannot be told apart
+        return c, 0
+    recs = []
+    for r in sc.records:
+        if r.kind == "batch":
+            base, k = _OCCURRENCE.match(r.name).groups()
+            k = int(k or 0) - p
+            if k < 0:
+                continue
+            r = replace(r, name=base if k == 0 else f"{base}#{k}")
+        recs.append(r)
+    step0 = replace(sc, records=tuple(recs), batch_ids=want)
+    return Trace(path=c.path, manifest=c.manifest, steps=[step0, *c.steps[1:]]), p
+
+
+def _follows(a: Trace, c: Trace, start: int) -> bool:
+    """C's step 0 takes A's step ``start``'s data (batch IDs; without them, its learning rate), and
+    not the same as A's step ``start + 1``'s would (an older checkpoint and a counter that agree)."""
+    sc, sa, nxt = c.step(0), a.step(start), a.step(start + 1)
+    if sc is None or sa is None:
+        return False
+    if sc.batch_ids is not None and sa.batch_ids is not None:
+        return sc.batch_ids == sa.batch_ids and (nxt is None or nxt.batch_ids != sa.batch_ids)
+    return _lr(sc) is not None and _lr(sc) == _lr(sa) and (nxt is None or _lr(nxt) != _lr(sa))
+
+
+def _span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}..{last}"
+
+
+def align(a: Trace, c: Trace, at: int) -> Alignment:
+    """Line C up with A. C's step 0 is A's step ``at`` unless C starts from A's parameters after an
+    older step s (the last checkpoint was saved before the interruption: saved every few steps)
+    and its data (or learning rate) is A's step s+1's: then the resumed run redoes steps s+1..at-1
+    and is compared from s+1. Batches drawn and discarded before C's first step are left out."""
+    notes: list[str] = []
+    start = at
+    stale = _stale_checkpoint(a, c, at) if _init_params(c) != _params_after(a, at - 1) else None
+    if stale is not None and stale < at - 1:
+        cand, p = _drop_skipped(a, c, stale + 1)
+        if _follows(a, cand, stale + 1):
+            start = stale + 1
+            notes.append(f"the resumed run restarted from a checkpoint saved after step {stale} (the last one before "
+                         f"the interruption after step {at - 1}) and redid {_span(start, at - 1)}: it is compared "
+                         f"from step {start} (a checkpoint every few steps loses that work, not the run's continuity)")
+    c2, p = _drop_skipped(a, c, start)
+    if p:
+        notes.append(f"before its first step the resumed run drew and discarded {p} batch(es) (those of "
+                     f"{_span(start - p, start - 1)}) to reach its data position; they are left out of the comparison")
+    return Alignment(start=start, trace=c2, notes=tuple(notes))
+
+
 def diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
-    """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise)."""
+    """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise).
+
+    C is aligned first (``align``): batches it drew and discarded to reach its data position are
+    left out, and a resume from an older checkpoint is compared from the step after it."""
+    al = align(a, c, at)
+    return _diagnose(a, al.trace, al.start)
+
+
+def _diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
     also: list[str] = []
     prev_same = True
     for sc in c.steps:
@@ -292,6 +407,12 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
     la, lc = _lightning(sa), _lightning(sc)
     stale = _stale_checkpoint(a, c, at) if bad_init else None
     if stale is not None:
+        if stale == at - 2 and _follows(a, c, at):
+            return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
+                    f"not after step {at - 1}, yet goes on with step {at}'s data: the checkpoint is one update behind "
+                    "its own step counter",
+                    "the checkpoint was saved before that step's optimizer.step() (after backward) while its step "
+                    "counter already counted the step: save after the update (and the scheduler/scaler steps)")
         return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
                 f"not after step {at - 1}",
                 "the resume loaded a checkpoint of another step: a file the interruption did not overwrite (a stale "
@@ -317,8 +438,13 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                 "the checkpoint's model weights were not saved/loaded (or were saved at another step)")
     if sa.batch_ids != sc.batch_ids:
         r = _restarted(a, sc)
-        where = (f"; they are the uninterrupted run's step {r}: the data restarted at the start of the epoch"
-                 if r is not None and r < sa.step else "")
+        where = ""
+        if r is not None and r < sa.step:
+            where = (f"; they are the uninterrupted run's step {r}: the data restarted at the start of the epoch (or "
+                     "its shuffle was drawn again from a re-seeded generator)" if r == 0 else
+                     f"; they are the uninterrupted run's step {r}: the data went back to an earlier position (an "
+                     "earlier epoch's shuffle replayed: a sampler's generator state not restored, or a restarted "
+                     "epoch)")
         comp = "dataloader position" if la.get("batch_idx") != lc.get("batch_idx") and la and lc else "data order"
         return (comp, f"batch IDs {_short(sa.batch_ids)} vs {_short(sc.batch_ids)}{where}",
                 "the data position was not restored: save the sampler/dataloader state (StatefulDataLoader, "
