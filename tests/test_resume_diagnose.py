@@ -168,3 +168,18 @@ def test_a_model_input_replaying_an_earlier_step_without_a_dataloader_is_data_or
     assert f.component == "data order" and "input at step 0" in f.what
     c = _trace([_step(0, None, 1.0, "y4", init="w3", records=(_rec("input", "input[0]", "new"),))])
     assert diagnose(a, c, 4).component == "RNG"
+
+
+def test_an_older_checkpoint_without_batch_ids_or_a_changing_lr_is_realigned_when_bitwise_from_there():
+    """Constant lr, no DataLoader: nothing tells the data's position, but every record of the resumed
+    run equal to the uninterrupted run's from the step after the checkpoint is a correct resume."""
+    a = _trace([_step(k, None, 1.0, f"w{k}", init="w-init" if k == 0 else None, records=(_rec("input", "input", f"x{k}"),))
+                for k in range(8)])
+
+    def resumed(first: int) -> Trace:
+        return _trace([_step(j, None, 1.0, f"w{first + j}", init="w3" if j == 0 else None,
+                             records=(_rec("input", "input", f"x{first + j}"),)) for j in range(3)])
+
+    assert align(a, resumed(4), 5).start == 4 and diagnose(a, resumed(4), 5) is None
+    f = diagnose(a, resumed(5), 5)  # params after step 3, data of step 5: not a continuation
+    assert f is not None and f.component == "checkpoint" and f.step == 5

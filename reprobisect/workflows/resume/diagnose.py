@@ -7,10 +7,16 @@ either continues the run exactly or it does not): batch IDs, the scalar sentinel
 (learning rates, GradScaler scale, Lightning's progress when its recorder wrote it) and
 every record's fingerprint.
 
+C is aligned first (``align``): batches its first step drew and discarded to reach its data
+position (exactly A's batches of the steps before) are left out, and a C that starts from A's
+parameters after an older step s and continues from there (a checkpoint every few steps) is
+compared from step s + 1.
+
 At the first aligned step that differs, the component is named by what differs first in
 the order a step depends on its state:
 
-0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file);
+0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file; after
+   K-2 with step K's data: saved before ``optimizer.step()``);
 1. the step counter: C's batch IDs / learning rates equal A's one step later or earlier
    over every overlapping step (an off-by-one global step), or Lightning's ``global_step``;
 2. the model parameters at the start: C's initial parameters are not A's after step K-1;
@@ -346,14 +352,16 @@ def _span(first: int, last: int) -> str:
 def align(a: Trace, c: Trace, at: int) -> Alignment:
     """Line C up with A. C's step 0 is A's step ``at`` unless C starts from A's parameters after an
     older step s (the last checkpoint was saved before the interruption: saved every few steps)
-    and its data (or learning rate) is A's step s+1's: then the resumed run redoes steps s+1..at-1
+    and its data (or learning rate) is A's step s+1's, or it is bitwise A from there: then the resumed run redoes steps s+1..at-1
     and is compared from s+1. Batches drawn and discarded before C's first step are left out."""
     notes: list[str] = []
     start = at
     stale = _stale_checkpoint(a, c, at) if _init_params(c) != _params_after(a, at - 1) else None
     if stale is not None and stale < at - 1:
         cand, p = _drop_skipped(a, c, stale + 1)
-        if _follows(a, cand, stale + 1):
+        # its data/lr is that of the step after the checkpoint, or (neither recorded nor changing)
+        # every step it recorded is bitwise the uninterrupted run's from there
+        if _follows(a, cand, stale + 1) or _diagnose(a, cand, stale + 1) is None:
             start = stale + 1
             notes.append(f"the resumed run restarted from a checkpoint saved after step {stale} (the last one before "
                          f"the interruption after step {at - 1}) and redid {_span(start, at - 1)}: it is compared "

@@ -11,7 +11,8 @@ user's checkpoint paths):
 
 Run 2 must agree with run 1 over steps ``0..K-1`` (else the command is not deterministic
 and no verdict about the resume is possible); then run 3 is compared with run 1's steps
-``K..N-1`` (``diagnose``). Returns a frozen ``ResumeResult``, truthy when the continuation
+``K..N-1`` (``diagnose``; from an older checkpoint's next step when run 3 restarted from one:
+``diagnose.align``). Returns a frozen ``ResumeResult``, truthy when the continuation
 is bitwise the uninterrupted run.
 """
 
