@@ -183,3 +183,21 @@ def test_an_older_checkpoint_without_batch_ids_or_a_changing_lr_is_realigned_whe
     assert align(a, resumed(4), 5).start == 4 and diagnose(a, resumed(4), 5) is None
     f = diagnose(a, resumed(5), 5)  # params after step 3, data of step 5: not a continuation
     assert f is not None and f.component == "checkpoint" and f.step == 5
+
+
+def test_a_skip_one_batch_too_far_is_still_named_the_step_counter():
+    """The resume draws and discards the consumed batches but one too many: after the discarded ones
+    are left out, its batches are the uninterrupted run's one step later (an off-by-one)."""
+    a = _trace([_step(k, [2 * k, 2 * k + 1], 1.0, f"w{k}", init="w-init" if k == 0 else None) for k in range(8)])
+
+    def resumed(skip: int) -> Trace:
+        first = [i for k in range(skip + 1) for i in (2 * k, 2 * k + 1)]
+        recs = tuple(_rec("batch", "ids" if k == 0 else f"ids#{k}", f"i{k}") for k in range(skip + 1))
+        return _trace([_step(0, first, 1.0, "x", init="w2", records=recs),
+                       _step(1, [2 * (skip + 1), 2 * (skip + 1) + 1], 1.0, "y")])
+
+    al = align(a, resumed(3), 3)
+    assert al.trace.step(0).batch_ids == [6, 7] and "discarded 3 batch(es) (those of steps 0..2)" in al.notes[0]
+    f = diagnose(a, resumed(4), 3)
+    assert f.component == "step counter" and "one step later" in f.what, f
+    assert "those of steps 0..3" in align(a, resumed(4), 3).notes[0]

@@ -298,40 +298,46 @@ class Alignment:
 _OCCURRENCE = re.compile(r"^(.*?)(?:#(\d+))?$")
 
 
-def _drop_skipped(a: Trace, c: Trace, start: int) -> tuple[Trace, int]:
+def _drop_skipped(a: Trace, c: Trace, start: int) -> tuple[Trace, tuple[int, int] | None]:
     """C without the first p batches of its step 0 when they are exactly the batches A trained on
-    at steps ``start-p..start-1`` and the rest is A's step ``start``'s: a resume that skips to its
-    data position by drawing and discarding the epoch's consumed batches (the recorder cannot tell
-    a batch drawn and thrown away from one that trains). Returns (C, p); p = 0: nothing dropped."""
-    sc, sa = c.step(0), a.step(start)
-    if sc is None or sa is None or not sc.batch_ids or not sa.batch_ids or sc.batch_ids == sa.batch_ids:
-        return c, 0
-    ids, want = list(sc.batch_ids), list(sa.batch_ids)
-    if len(ids) <= len(want) or ids[-len(want):] != want:
-        return c, 0
-    prefix, p, got = ids[:-len(want)], 0, []
-    while len(got) < len(prefix):
-        prev = a.step(start - p - 1)
-        if prev is None or not prev.batch_ids:
-            return c, 0
-        got = list(prev.batch_ids) + got
-        p += 1
-    if got != prefix:
-        return c, 0
-    per_batch = [r for r in sc.records if r.kind == "batch" and _OCCURRENCE.match(r.name).group(1) == "ids"]
-    if len(per_batch) != p + 1:  # one ids record per drawn batch, else the batches cannot be told apart
-        return c, 0
-    recs = []
-    for r in sc.records:
-        if r.kind == "batch":
-            base, k = _OCCURRENCE.match(r.name).groups()
-            k = int(k or 0) - p
-            if k < 0:
-                continue
-            r = replace(r, name=base if k == 0 else f"{base}#{k}")
-        recs.append(r)
-    step0 = replace(sc, records=tuple(recs), batch_ids=want)
-    return Trace(path=c.path, manifest=c.manifest, steps=[step0, *c.steps[1:]]), p
+    at the p steps before the one whose batch C's step 0 trains on (A's step ``start``; or
+    ``start`` +/- 1, a skip one batch off, which the step counter then names): a resume that skips
+    to its data position by drawing and discarding the epoch's consumed batches (the recorder
+    cannot tell a batch drawn and thrown away from one that trains). Returns (C, the span of A's
+    steps dropped); None: nothing dropped."""
+    sc = c.step(0)
+    if sc is None or not sc.batch_ids or (a.step(start) is not None and sc.batch_ids == a.step(start).batch_ids):
+        return c, None
+    ids = list(sc.batch_ids)
+    drawn = sum(1 for r in sc.records if r.kind == "batch" and _OCCURRENCE.match(r.name).group(1) == "ids")
+    for last in (start, start + 1, start - 1):
+        sa = a.step(last)
+        if sa is None or not sa.batch_ids:
+            continue
+        want = list(sa.batch_ids)
+        if len(ids) <= len(want) or ids[-len(want):] != want:
+            continue
+        prefix, p, got = ids[:-len(want)], 0, []
+        while len(got) < len(prefix):
+            prev = a.step(last - p - 1)
+            if prev is None or not prev.batch_ids:
+                break
+            got = list(prev.batch_ids) + got
+            p += 1
+        if got != prefix or drawn != p + 1:  # one ids record per drawn batch, else they cannot be told apart
+            continue
+        recs = []
+        for r in sc.records:
+            if r.kind == "batch":
+                base, k = _OCCURRENCE.match(r.name).groups()
+                k = int(k or 0) - p
+                if k < 0:
+                    continue
+                r = replace(r, name=base if k == 0 else f"{base}#{k}")
+            recs.append(r)
+        step0 = replace(sc, records=tuple(recs), batch_ids=want)
+        return Trace(path=c.path, manifest=c.manifest, steps=[step0, *c.steps[1:]]), (last - p, last - 1)
+    return c, None
 
 
 def _follows(a: Trace, c: Trace, start: int) -> bool:
@@ -358,7 +364,7 @@ def align(a: Trace, c: Trace, at: int) -> Alignment:
     start = at
     stale = _stale_checkpoint(a, c, at) if _init_params(c) != _params_after(a, at - 1) else None
     if stale is not None and stale < at - 1:
-        cand, p = _drop_skipped(a, c, stale + 1)
+        cand, _ = _drop_skipped(a, c, stale + 1)
         # its data/lr is that of the step after the checkpoint, or (neither recorded nor changing)
         # every step it recorded is bitwise the uninterrupted run's from there
         if _follows(a, cand, stale + 1) or _diagnose(a, cand, stale + 1) is None:
@@ -366,10 +372,10 @@ def align(a: Trace, c: Trace, at: int) -> Alignment:
             notes.append(f"the resumed run restarted from a checkpoint saved after step {stale} (the last one before "
                          f"the interruption after step {at - 1}) and redid {_span(start, at - 1)}: it is compared "
                          f"from step {start} (a checkpoint every few steps loses that work, not the run's continuity)")
-    c2, p = _drop_skipped(a, c, start)
-    if p:
-        notes.append(f"before its first step the resumed run drew and discarded {p} batch(es) (those of "
-                     f"{_span(start - p, start - 1)}) to reach its data position; they are left out of the comparison")
+    c2, span = _drop_skipped(a, c, start)
+    if span:
+        notes.append(f"before its first step the resumed run drew and discarded {span[1] - span[0] + 1} batch(es) "
+                     f"(those of {_span(*span)}) to reach its data position; they are left out of the comparison")
     return Alignment(start=start, trace=c2, notes=tuple(notes))
 
 
