@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reprobisect.trace.format import Manifest, Record, Step
 from reprobisect.trace.reader import Trace
-from reprobisect.workflows.resume import diagnose
+from reprobisect.workflows.resume import align, diagnose
 from reprobisect.workflows.resume.diagnose import bookkeeping_notes
 
 EPOCH = [[0, 1], [2, 3], [4, 5]]  # batch IDs of an epoch of 3 steps
@@ -113,3 +113,91 @@ def test_a_forward_output_differing_with_equal_inputs_is_rng_and_momentum_is_opt
                                  _rec("grad", "w", "g"), _rec("optim_state", "w/momentum_buffer", "fresh")))])
     f = diagnose(a, opt, 2)
     assert f.component == "optimizer state" and "momentum_buffer" in f.what
+
+
+def test_batches_drawn_and_discarded_to_reach_the_data_position_are_left_out():
+    """A resume that skips to its position by drawing the epoch's consumed batches and throwing them
+    away: the recorder puts them into the first step; they are A's steps 3, 4 exactly, so dropped."""
+    a = _full()
+    c = _trace([_step(0, EPOCH[0] + EPOCH[1] + EPOCH[2], 0.5 ** 5, "w5", init="w4",
+                      records=(_rec("batch", "ids", "i0"), _rec("batch", "ids#1", "i1"), _rec("batch", "ids#2", "i2"))),
+                _step(1, EPOCH[0], 0.5 ** 6, "w6")])
+    al = align(a, c, 5)
+    assert al.start == 5 and al.trace.step(0).batch_ids == EPOCH[2] and "discarded 2 batch(es)" in al.notes[0]
+    assert [r.name for r in al.trace.step(0).records if r.kind == "batch"] == ["ids"]
+    # extra batches that are not the ones already trained on stay a data-order difference
+    bad = _trace([_step(0, EPOCH[0] + EPOCH[2], 0.5 ** 5, "w5", init="w4",
+                        records=(_rec("batch", "ids", "i0"), _rec("batch", "ids#1", "i1")))])
+    assert align(a, bad, 5).trace is bad and diagnose(a, bad, 5).component == "data order"
+
+
+def test_a_resume_from_an_older_checkpoint_that_redoes_steps_is_compared_from_there():
+    """Checkpoints every 2 steps, interrupted after step 4: the last save is after step 3; a resume
+    that continues from it (data and lr of step 4) is aligned there, not called a stale checkpoint."""
+    a = _full(8)
+    ids = [EPOCH[k % 3] for k in range(4, 7)]
+    c = _resumed(5, ids, [0.5 ** k for k in range(4, 7)], "w3", ["w4", "w5", "w6"])
+    al = align(a, c, 5)
+    assert al.start == 4 and "after step 3" in al.notes[0] and "redid step 4" in al.notes[0]
+    assert diagnose(a, c, 5) is None
+    # from there, a later difference is still found, at its own step
+    c = _resumed(5, ids, [0.5 ** 4, 0.5 ** 5, 1.0], "w3", ["w4", "w5", "x6"])
+    f = diagnose(a, c, 5)
+    assert f.step == 6 and f.component == "learning rate / scheduler"
+
+
+def test_a_checkpoint_saved_before_the_update_is_one_step_behind_its_counter():
+    """Params after step 2 but the data of step 4 (the counter says 4 steps are done): saved before
+    optimizer.step(); not realigned (the data is not step 3's)."""
+    a = _full(7)
+    c = _resumed(4, [EPOCH[1], EPOCH[2]], [0.5 ** 4, 0.5 ** 5], "w2", ["x4", "x5"])
+    assert align(a, c, 4).start == 4
+    f = diagnose(a, c, 4)
+    assert f.component == "checkpoint" and "one update behind" in f.what and "optimizer.step()" in f.why
+
+
+def test_a_model_input_replaying_an_earlier_step_without_a_dataloader_is_data_order():
+    """Batches sampled by hand (torch.randint, nanoGPT's get_batch): no batch record, so no IDs; the
+    model's input equal to an earlier step's input means the data went back, not a dropout draw."""
+    def inp(k):
+        return (_rec("input", "input[0]", f"x{k}"),)
+
+    a = _trace([_step(k, None, 1.0, f"w{k}", init="w-init" if k == 0 else None, records=inp(k)) for k in range(6)])
+    c = _trace([_step(0, None, 1.0, "y4", init="w3", records=inp(0)), _step(1, None, 1.0, "y5", records=inp(1))])
+    f = diagnose(a, c, 4)
+    assert f.component == "data order" and "input at step 0" in f.what
+    c = _trace([_step(0, None, 1.0, "y4", init="w3", records=(_rec("input", "input[0]", "new"),))])
+    assert diagnose(a, c, 4).component == "RNG"
+
+
+def test_an_older_checkpoint_without_batch_ids_or_a_changing_lr_is_realigned_when_bitwise_from_there():
+    """Constant lr, no DataLoader: nothing tells the data's position, but every record of the resumed
+    run equal to the uninterrupted run's from the step after the checkpoint is a correct resume."""
+    a = _trace([_step(k, None, 1.0, f"w{k}", init="w-init" if k == 0 else None, records=(_rec("input", "input", f"x{k}"),))
+                for k in range(8)])
+
+    def resumed(first: int) -> Trace:
+        return _trace([_step(j, None, 1.0, f"w{first + j}", init="w3" if j == 0 else None,
+                             records=(_rec("input", "input", f"x{first + j}"),)) for j in range(3)])
+
+    assert align(a, resumed(4), 5).start == 4 and diagnose(a, resumed(4), 5) is None
+    f = diagnose(a, resumed(5), 5)  # params after step 3, data of step 5: not a continuation
+    assert f is not None and f.component == "checkpoint" and f.step == 5
+
+
+def test_a_skip_one_batch_too_far_is_still_named_the_step_counter():
+    """The resume draws and discards the consumed batches but one too many: after the discarded ones
+    are left out, its batches are the uninterrupted run's one step later (an off-by-one)."""
+    a = _trace([_step(k, [2 * k, 2 * k + 1], 1.0, f"w{k}", init="w-init" if k == 0 else None) for k in range(8)])
+
+    def resumed(skip: int) -> Trace:
+        first = [i for k in range(skip + 1) for i in (2 * k, 2 * k + 1)]
+        recs = tuple(_rec("batch", "ids" if k == 0 else f"ids#{k}", f"i{k}") for k in range(skip + 1))
+        return _trace([_step(0, first, 1.0, "x", init="w2", records=recs),
+                       _step(1, [2 * (skip + 1), 2 * (skip + 1) + 1], 1.0, "y")])
+
+    al = align(a, resumed(3), 3)
+    assert al.trace.step(0).batch_ids == [6, 7] and "discarded 3 batch(es) (those of steps 0..2)" in al.notes[0]
+    f = diagnose(a, resumed(4), 3)
+    assert f.component == "step counter" and "one step later" in f.what, f
+    assert "those of steps 0..3" in align(a, resumed(4), 3).notes[0]

@@ -14,7 +14,11 @@ def render_resume(r: Any) -> str:
     """Text for ``bisect resume``: the verdict, the first difference and its component, the runs."""
     k, n = r.at, r.steps
     if r.verdict == "bitwise":
-        head = f"resume OK: the run resumed after step {k - 1} continues the uninterrupted run bitwise (steps {k}..{n - 1})"
+        first, last = r.compared_steps
+        head = f"resume OK: the run resumed after step {k - 1} continues the uninterrupted run bitwise (steps {first}..{last})"
+        if first < k:
+            head = (f"resume OK: the run resumed from its last checkpoint (after step {first - 1}, before the interruption "
+                    f"after step {k - 1}) continues the uninterrupted run bitwise (steps {first}..{last})")
     elif r.verdict == "diverged":
         f = r.finding
         head = (f"resume differs at step {f.step}: {f.component}\n"
@@ -39,7 +43,8 @@ def resume_json(r: Any) -> dict[str, Any]:
         "verdict": r.verdict,
         "at": r.at,
         "steps": r.steps,
-        "compared_steps": [r.at, r.steps - 1],
+        "compared_steps": list(r.compared_steps),
+        "start": r.compared_steps[0],
         "compared": r.compared,
         "detail": r.detail,
         "finding": r.finding.to_json() if r.finding is not None else None,

@@ -5,9 +5,9 @@
 component a checkpoint forgot. ``docs/resume.md`` documents the semantics.
 """
 
-from reprobisect.workflows.resume.diagnose import COMPONENTS, Finding, diagnose
+from reprobisect.workflows.resume.diagnose import COMPONENTS, Alignment, Finding, align, diagnose
 from reprobisect.workflows.resume.run import (Reference, ResumeResult, RunSummary, check_resume, judge_resumed,
                                               record_reference, split_resume_args)
 
-__all__ = ["COMPONENTS", "Finding", "Reference", "ResumeResult", "RunSummary", "check_resume", "diagnose",
+__all__ = ["COMPONENTS", "Alignment", "Finding", "align", "Reference", "ResumeResult", "RunSummary", "check_resume", "diagnose",
            "judge_resumed", "record_reference", "split_resume_args"]

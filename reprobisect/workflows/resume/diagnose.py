@@ -7,10 +7,16 @@ either continues the run exactly or it does not): batch IDs, the scalar sentinel
 (learning rates, GradScaler scale, Lightning's progress when its recorder wrote it) and
 every record's fingerprint.
 
+C is aligned first (``align``): batches its first step drew and discarded to reach its data
+position (exactly A's batches of the steps before) are left out, and a C that starts from A's
+parameters after an older step s and continues from there (a checkpoint every few steps) is
+compared from step s + 1.
+
 At the first aligned step that differs, the component is named by what differs first in
 the order a step depends on its state:
 
-0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file);
+0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file; after
+   K-2 with step K's data: saved before ``optimizer.step()``);
 1. the step counter: C's batch IDs / learning rates equal A's one step later or earlier
    over every overlapping step (an off-by-one global step), or Lightning's ``global_step``;
 2. the model parameters at the start: C's initial parameters are not A's after step K-1;
@@ -26,13 +32,14 @@ the order a step depends on its state:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.reader import Trace
 
-__all__ = ["COMPONENTS", "Finding", "diagnose", "first_difference"]
+__all__ = ["COMPONENTS", "Alignment", "Finding", "align", "diagnose", "first_difference"]
 
 COMPONENTS = ("checkpoint", "step counter", "model parameters", "data order", "dataloader position", "learning rate / scheduler",
               "GradScaler", "loop progress", "callback state", "RNG", "optimizer state", "other")
@@ -212,6 +219,17 @@ def _optim_state_differs(sa: Step, sc: Step) -> str | None:
     return first
 
 
+def _earlier_input(a: Trace, sa: Step, r: Record) -> int | None:
+    """The earlier step of A whose record ``r.key`` (a model input) has C's fingerprint, or None."""
+    for s in a.steps:
+        if s.step >= sa.step:
+            break
+        ra = s.by_key().get(r.key)
+        if ra is not None and ra.fingerprint == r.fingerprint:
+            return s.step
+    return None
+
+
 def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str, str, str] | None:
     """(component, what, why) from the records in chain order; None when they agree."""
     ka = sa.by_key()
@@ -235,6 +253,13 @@ def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str
                         "a random operation (dropout, an augmentation) drew different numbers: restore the RNG "
                         "states (torch, numpy, python, CUDA) from the checkpoint")
             if r.kind == "input" and batch_agrees:
+                seen = _earlier_input(a, sa, r) if not any(x.kind == "batch" for x in sc.records) else None
+                if seen is not None:
+                    return ("data order", what + f" is the uninterrupted run's input at step {seen}: the data went "
+                            "back to an earlier position",
+                            "the batches do not come from a DataLoader the recorder sees (sampled with torch.randint, "
+                            "indexed by hand): the RNG or position they are drawn from was not restored; save and "
+                            "restore it (torch.get_rng_state(), the data index) with the checkpoint")
                 return ("RNG", what + " differs while the batch agrees",
                         "the batch was changed between the loader and the model (a random augmentation): restore "
                         "the RNG states from the checkpoint")
@@ -258,8 +283,112 @@ def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str
     return None
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """How the resumed run C lines up with the uninterrupted run A."""
+
+    start: int
+    """The step of A that C's step 0 is: ``at``, or ``s + 1`` after a resume from an older checkpoint (after step s)."""
+    trace: Trace
+    """C, with the batches its step 0 drew and discarded (to reach its data position) left out."""
+    notes: tuple[str, ...] = ()
+    """What the alignment did, one sentence each (said beside the verdict)."""
+
+
+_OCCURRENCE = re.compile(r"^(.*?)(?:#(\d+))?$")
+
+
+def _drop_skipped(a: Trace, c: Trace, start: int) -> tuple[Trace, tuple[int, int] | None]:
+    """C without the first p batches of its step 0 when they are exactly the batches A trained on
+    at the p steps before the one whose batch C's step 0 trains on (A's step ``start``; or
+    ``start`` +/- 1, a skip one batch off, which the step counter then names): a resume that skips
+    to its data position by drawing and discarding the epoch's consumed batches (the recorder
+    cannot tell a batch drawn and thrown away from one that trains). Returns (C, the span of A's
+    steps dropped); None: nothing dropped."""
+    sc = c.step(0)
+    if sc is None or not sc.batch_ids or (a.step(start) is not None and sc.batch_ids == a.step(start).batch_ids):
+        return c, None
+    ids = list(sc.batch_ids)
+    drawn = sum(1 for r in sc.records if r.kind == "batch" and _OCCURRENCE.match(r.name).group(1) == "ids")
+    for last in (start, start + 1, start - 1):
+        sa = a.step(last)
+        if sa is None or not sa.batch_ids:
+            continue
+        want = list(sa.batch_ids)
+        if len(ids) <= len(want) or ids[-len(want):] != want:
+            continue
+        prefix, p, got = ids[:-len(want)], 0, []
+        while len(got) < len(prefix):
+            prev = a.step(last - p - 1)
+            if prev is None or not prev.batch_ids:
+                break
+            got = list(prev.batch_ids) + got
+            p += 1
+        if got != prefix or drawn != p + 1:  # one ids record per drawn batch, else they cannot be told apart
+            continue
+        recs = []
+        for r in sc.records:
+            if r.kind == "batch":
+                base, k = _OCCURRENCE.match(r.name).groups()
+                k = int(k or 0) - p
+                if k < 0:
+                    continue
+                r = replace(r, name=base if k == 0 else f"{base}#{k}")
+            recs.append(r)
+        step0 = replace(sc, records=tuple(recs), batch_ids=want)
+        return Trace(path=c.path, manifest=c.manifest, steps=[step0, *c.steps[1:]]), (last - p, last - 1)
+    return c, None
+
+
+def _follows(a: Trace, c: Trace, start: int) -> bool:
+    """C's step 0 takes A's step ``start``'s data (batch IDs; without them, its learning rate), and
+    not the same as A's step ``start + 1``'s would (an older checkpoint and a counter that agree)."""
+    sc, sa, nxt = c.step(0), a.step(start), a.step(start + 1)
+    if sc is None or sa is None:
+        return False
+    if sc.batch_ids is not None and sa.batch_ids is not None:
+        return sc.batch_ids == sa.batch_ids and (nxt is None or nxt.batch_ids != sa.batch_ids)
+    return _lr(sc) is not None and _lr(sc) == _lr(sa) and (nxt is None or _lr(nxt) != _lr(sa))
+
+
+def _span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}..{last}"
+
+
+def align(a: Trace, c: Trace, at: int) -> Alignment:
+    """Line C up with A. C's step 0 is A's step ``at`` unless C starts from A's parameters after an
+    older step s (the last checkpoint was saved before the interruption: saved every few steps)
+    and its data (or learning rate) is A's step s+1's, or it is bitwise A from there: then the resumed run redoes steps s+1..at-1
+    and is compared from s+1. Batches drawn and discarded before C's first step are left out."""
+    notes: list[str] = []
+    start = at
+    stale = _stale_checkpoint(a, c, at) if _init_params(c) != _params_after(a, at - 1) else None
+    if stale is not None and stale < at - 1:
+        cand, _ = _drop_skipped(a, c, stale + 1)
+        # its data/lr is that of the step after the checkpoint, or (neither recorded nor changing)
+        # every step it recorded is bitwise the uninterrupted run's from there
+        if _follows(a, cand, stale + 1) or _diagnose(a, cand, stale + 1) is None:
+            start = stale + 1
+            notes.append(f"the resumed run restarted from a checkpoint saved after step {stale} (the last one before "
+                         f"the interruption after step {at - 1}) and redid {_span(start, at - 1)}: it is compared "
+                         f"from step {start} (a checkpoint every few steps loses that work, not the run's continuity)")
+    c2, span = _drop_skipped(a, c, start)
+    if span:
+        notes.append(f"before its first step the resumed run drew and discarded {span[1] - span[0] + 1} batch(es) "
+                     f"(those of {_span(*span)}) to reach its data position; they are left out of the comparison")
+    return Alignment(start=start, trace=c2, notes=tuple(notes))
+
+
 def diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
-    """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise)."""
+    """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise).
+
+    C is aligned first (``align``): batches it drew and discarded to reach its data position are
+    left out, and a resume from an older checkpoint is compared from the step after it."""
+    al = align(a, c, at)
+    return _diagnose(a, al.trace, al.start)
+
+
+def _diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
     also: list[str] = []
     prev_same = True
     for sc in c.steps:
@@ -292,6 +421,12 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
     la, lc = _lightning(sa), _lightning(sc)
     stale = _stale_checkpoint(a, c, at) if bad_init else None
     if stale is not None:
+        if stale == at - 2 and _follows(a, c, at):
+            return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
+                    f"not after step {at - 1}, yet goes on with step {at}'s data: the checkpoint is one update behind "
+                    "its own step counter",
+                    "the checkpoint was saved before that step's optimizer.step() (after backward) while its step "
+                    "counter already counted the step: save after the update (and the scheduler/scaler steps)")
         return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
                 f"not after step {at - 1}",
                 "the resume loaded a checkpoint of another step: a file the interruption did not overwrite (a stale "
@@ -317,8 +452,13 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                 "the checkpoint's model weights were not saved/loaded (or were saved at another step)")
     if sa.batch_ids != sc.batch_ids:
         r = _restarted(a, sc)
-        where = (f"; they are the uninterrupted run's step {r}: the data restarted at the start of the epoch"
-                 if r is not None and r < sa.step else "")
+        where = ""
+        if r is not None and r < sa.step:
+            where = (f"; they are the uninterrupted run's step {r}: the data restarted at the start of the epoch (or "
+                     "its shuffle was drawn again from a re-seeded generator)" if r == 0 else
+                     f"; they are the uninterrupted run's step {r}: the data went back to an earlier position (an "
+                     "earlier epoch's shuffle replayed: a sampler's generator state not restored, or a restarted "
+                     "epoch)")
         comp = "dataloader position" if la.get("batch_idx") != lc.get("batch_idx") and la and lc else "data order"
         return (comp, f"batch IDs {_short(sa.batch_ids)} vs {_short(sc.batch_ids)}{where}",
                 "the data position was not restored: save the sampler/dataloader state (StatefulDataLoader, "

@@ -11,7 +11,8 @@ user's checkpoint paths):
 
 Run 2 must agree with run 1 over steps ``0..K-1`` (else the command is not deterministic
 and no verdict about the resume is possible); then run 3 is compared with run 1's steps
-``K..N-1`` (``diagnose``). Returns a frozen ``ResumeResult``, truthy when the continuation
+``K..N-1`` (``diagnose``; from an older checkpoint's next step when run 3 restarted from one:
+``diagnose.align``). Returns a frozen ``ResumeResult``, truthy when the continuation
 is bitwise the uninterrupted run.
 """
 
@@ -31,7 +32,7 @@ from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import read_rank0
-from reprobisect.workflows.resume.diagnose import Finding, bookkeeping_notes, diagnose, first_difference
+from reprobisect.workflows.resume.diagnose import Finding, align, bookkeeping_notes, diagnose, first_difference
 
 __all__ = ["Reference", "ResumeResult", "RunSummary", "check_resume", "judge_resumed", "record_reference",
            "split_resume_args"]
@@ -76,6 +77,15 @@ class ResumeResult:
     """The detail level the runs recorded at (``sentinel``: what the sentinels saw)."""
     compared: int = 0
     """Aligned steps compared."""
+    start: int | None = None
+    """The uninterrupted run's step the resumed run's first step was compared with: ``at``, or the step
+    after an older checkpoint the resume restarted from (it redid the steps up to ``at``); None: ``at``."""
+
+    @property
+    def compared_steps(self) -> tuple[int, int]:
+        """The first and last step of the uninterrupted run compared (``at..N-1`` when none was)."""
+        first = self.at if self.start is None else self.start
+        return (first, first + self.compared - 1) if self.compared else (self.at, self.steps - 1)
 
     def __bool__(self) -> bool:
         return self.verdict == "bitwise"
@@ -198,18 +208,20 @@ def judge_resumed(ref: Reference, argv: list[str], resume_args: list[str], *, op
     if stop is not None:
         return ResumeResult(at=at, steps=n, verdict="inconclusive", runs=runs, reason=stop, detail=options.detail)
     full, resumed = ref.full, read_rank0(r.trace_dir, allow_incomplete=True)
+    al = align(full, resumed, at)
     finding = diagnose(full, resumed, at)
-    compared = sum(1 for sc in resumed.steps if full.step(at + sc.step) is not None)
+    compared = sum(1 for sc in al.trace.steps if full.step(al.start + sc.step) is not None)
+    notes = list(al.notes)
     if finding is not None:
-        return ResumeResult(at=at, steps=n, verdict="diverged", runs=runs, finding=finding,
-                            detail=options.detail, compared=compared, reason=_sentinel_note(options.detail, finding))
+        return ResumeResult(at=at, steps=n, verdict="diverged", runs=runs, finding=finding, detail=options.detail,
+                            compared=compared, start=al.start, reason="; ".join(filter(None, [*notes, _sentinel_note(options.detail, finding)])))
     if compared < n - at:
         return ResumeResult(
             at=at, steps=n, verdict="inconclusive", runs=runs, detail=options.detail, compared=compared,
-            reason=(f"the resumed run recorded only {compared} of the {n - at} steps {at}..{n - 1} and they agree; "
-                    "it ended early (did it resume at a later step than the checkpoint's?)"))
+            reason="; ".join([f"the resumed run recorded only {compared} of the {n - at} steps {at}..{n - 1} and they agree; "
+                              "it ended early (did it resume at a later step than the checkpoint's?)", *notes]))
     return ResumeResult(at=at, steps=n, verdict="bitwise", runs=runs, detail=options.detail, compared=compared,
-                        reason="; ".join(bookkeeping_notes(full, resumed, at)))
+                        start=al.start, reason="; ".join([*notes, *bookkeeping_notes(full, al.trace, al.start)]))
 
 
 def check_resume(argv: list[str], resume_args: list[str], *, at: int, options: ProbeOptions,
