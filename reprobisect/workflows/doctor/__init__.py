@@ -99,8 +99,9 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
         if "overfit" in todo and frame[0] != "tensorflow":
             findings += _overfit_run(argv, options, base, cwd, kept, overfit_steps, frame, quiet_crash=bool(findings))
         if "repro" in todo:
+            ended = any(f.evidence.get("outcome") not in (None, "ok") for f in findings if f.severity == "error")
             findings += check_repro(argv, options, out=out / "repro" if out else None,
-                                    cwd=str(cwd) if cwd else None)
+                                    cwd=str(cwd) if cwd else None, quiet_crash=ended)
             if out is not None:
                 kept["repro"] = str(out / "repro")
     finally:
