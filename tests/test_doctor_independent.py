@@ -38,6 +38,7 @@ EXPECTED = {  # script: (check, severity, a word of the cause)
     "lightning_lambda_zero": ("update", "error", "fell to 0"),
     "argparse_softmax_ce": ("contract", "error", "probabilities"),
     "one_based_labels": ("contract", "error", "out of range"),
+    "float_labels": ("contract", "error", "floating targets"),
     "regression_column": ("contract", "error", "broadcasts"),
     "log_counts": ("finite", "error", "forward code"),
     "eval_before_loop": ("modes", "warning", "eval mode"),
@@ -73,11 +74,13 @@ def _healthy_cli() -> tuple[int, dict]:
 @pytest.fixture(scope="module")
 def diagnoses() -> dict[str, object]:
     """Every bug script's diagnosis and the healthy script's (exit code, JSON), two at a time."""
+    timed = ("slow_getitem",)  # fetch against compute: measured alone, not beside another run
     with ThreadPoolExecutor(max_workers=2) as pool:
         healthy = pool.submit(_healthy_cli)
-        futures = {name: pool.submit(_diagnose, name) for name in EXPECTED}
+        futures = {name: pool.submit(_diagnose, name) for name in EXPECTED if name not in timed}
         out: dict[str, object] = {name: f.result() for name, f in futures.items()}
         out["healthy_clip_sched"] = healthy.result()
+    out.update({name: _diagnose(name) for name in timed})
     return out
 
 
@@ -178,3 +181,19 @@ def test_overfit_with_a_learning_rate_driven_to_zero_is_inconclusive_not_a_warni
     assert f.severity == "info" and "learning rate is 0 from step 2" in f.cause
     f = check_overfit(_T(steps([0.1] * 12)), wall_s=1.0, asked=12)[0]
     assert f.severity == "warning" and "cannot fit" in f.cause  # the same losses with a live lr: a plateau
+
+
+@pytest.mark.slow
+def test_an_index_error_outside_the_loss_is_a_crash_not_a_label_contract(tmp_path):
+    script = tmp_path / "lookup.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.Linear(2, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "table = torch.zeros(5)\n"
+                      "for i in range(4):\n"
+                      "    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+                      "    table[2 * i + 1]  # index 7: out of bounds, no loss involved\n")
+    d = run_doctor([sys.executable, str(script)], ProbeOptions(steps=STEPS, quiet=True), checks=("contract",))
+    top = d.findings[0]
+    assert (top.check, top.severity) == ("run", "error"), d.findings
+    assert "out of bounds" in top.cause

@@ -18,7 +18,7 @@ class SlowImages(Dataset):
         return 64
 
     def __getitem__(self, i):
-        time.sleep(0.01)  # BUG: slow per-sample decoding on the main process
+        time.sleep(0.015)  # BUG: slow per-sample decoding on the main process
         g = torch.Generator().manual_seed(i)
         img = torch.rand(3, 8, 8, generator=g)
         return img, int(img.mean() > 0.5)

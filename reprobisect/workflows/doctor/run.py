@@ -13,6 +13,7 @@ tensor at the same step on the same samples.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -117,8 +118,8 @@ def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
     if o.status is Status.CRASHED:
         if any(p in (o.traceback or "") + ev["last_line"] for p in _DETACHED):
             return [_no_graph_crash(ev, before)]
-        for text, cause, nxt in CRASH_CONTRACT:
-            if text in ev["last_line"]:
+        for line, where, cause, nxt in CRASH_CONTRACT:
+            if re.search(line, ev["last_line"]) and (not where or re.search(where, o.traceback or "")):
                 return [Finding("contract", "error", f"the loss raised{_at(o)}: {cause}", ev, nxt)]
         return [Finding(RUN, "error", f"the command crashed{_at(o)}: {ev['last_line'] or o.detail}", ev,
                         "fix the crash (the whole output is output.log in the trace with -o), then run the doctor again")]
