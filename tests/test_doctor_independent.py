@@ -1,7 +1,7 @@
 """``bisect doctor`` on planted-bug scripts written apart from its own examples (issue 15):
 ``examples/doctor/independent/`` holds one bug per script in other styles (a class-based
 Trainer, a hand-written SGD loop, a LightningModule, argparse with a config dict, a CSV
-Dataset, a heteroscedastic head...) and one healthy script (AdamW, clipping, OneCycle,
+Dataset, a JSON config...) and one healthy script (AdamW, clipping, OneCycle,
 evaluation under ``model.eval()`` + ``no_grad``). Each must get its planted cause as the top
 finding (check, severity and a key word of the cause) and exit 1; the healthy one exit 0.
 
@@ -46,6 +46,7 @@ EXPECTED = {  # script: (check, severity, a word of the cause)
     "sigmoid_prices": ("overfit", "warning", "cannot fit"),
     "slow_getitem": ("input", "warning", "input-bound"),
     "running_total": ("memory", "warning", "running total"),
+    "weight_decay_typo": ("update", "warning", "weight decay is the likely cause"),
 }
 BUG_CHECKS = tuple(c for c in CHECKS if c != "repro")
 
@@ -122,6 +123,8 @@ def test_evidence_names_what_a_person_needs(diagnoses):
     lr = diagnoses["lightning_lambda_zero"]
     over = next(f for f in lr.findings if f.check == "overfit")
     assert over.severity == "info" and "learning rate is 0" in over.cause  # not a second, misleading warning
+    wd = diagnoses["weight_decay_typo"].findings[0]
+    assert wd.evidence["loss_growth"] >= 10 and list(wd.evidence["weight_decay"].values()) == [50.0]
     mem = diagnoses["running_total"].findings[0]
     assert mem.evidence["retained_losses_after_last_step"] >= STEPS - 2
 
@@ -197,3 +200,13 @@ def test_an_index_error_outside_the_loss_is_a_crash_not_a_label_contract(tmp_pat
     top = d.findings[0]
     assert (top.check, top.severity) == ("run", "error"), d.findings
     assert "out of bounds" in top.cause
+
+
+def test_diverging_needs_a_loss_that_rises_at_most_steps_and_tenfold():
+    from reprobisect.workflows.doctor.update import _diverging
+
+    assert _diverging([0.7, 2.3, 33.0, 400.0, 15666.0, 2e5])
+    assert not _diverging([0.7, 0.6, 0.65, 0.5, 0.4, 0.45])  # a noisy fall
+    assert not _diverging([0.01, 0.2, 0.05, 0.3, 0.02, 0.15])  # up and down: not at 70 % of the steps, not 10x at the end
+    assert not _diverging([0.7, 2.3, 33.0, None, 400.0, 2e5])  # a step without a loss: no verdict
+    assert not _diverging([0.7, 7.0, 70.0])  # too few steps

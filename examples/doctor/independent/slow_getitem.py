@@ -25,6 +25,7 @@ class SlowImages(Dataset):
 
 
 torch.manual_seed(0)
+torch.set_num_threads(1)  # a tiny model: one thread (no thread wake-ups between the slow fetches)
 loader = DataLoader(SlowImages(), batch_size=8, shuffle=True, num_workers=0,
                     generator=torch.Generator().manual_seed(0))
 model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
