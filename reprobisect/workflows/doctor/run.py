@@ -3,7 +3,11 @@
 The command runs through ``workflows.capture`` (the probe path of ``bisect capture``) at
 full detail, stopping at the first NaN/Inf. How the run ended becomes findings of its own
 (check ``run``): a crash with its last line, an import failure, a run that never stepped an
-optimizer, a timeout; a crash that says the loss has no graph is an ``update`` error.
+optimizer, a timeout; a crash that says the loss has no graph is an ``update`` error (every
+parameter frozen when the recorder saw them all with ``requires_grad=False`` before the first
+step, its ``manifest.extra["before_first_step"]``; else a cut graph), and so is a run that
+never stepped because every backward started from a tensor with no graph (a loss rebuilt
+from ``.item()``); a crash in the loss over the targets' dtype or range is a ``contract`` error.
 ``keep_first_bad`` re-records the run up to its first non-finite step, keeping that step's
 full tensors (the bad batch, the forward, loss and gradients) and the complete state after
 the step before it (the last healthy state), and checks that the re-run met the same
