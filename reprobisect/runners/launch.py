@@ -299,7 +299,7 @@ class _Run:
             else:
                 from reprobisect.runners.torch import _no_update_detail
 
-                why = _no_update_detail(self.recorder.backwards)
+                why = _no_update_detail(self.recorder.backwards, getattr(self.recorder, "graphless_backwards", 0))
             return Outcome(Status.NO_STEPS, detail=f"the command {how} without an optimizer step: {why}")
         detail = f"recorded {self.steps_done} step(s)"
         if self.steps_done < self.ns.steps:

@@ -8,8 +8,12 @@ What tells steady growth (retained graphs) from spikes on large inputs, on any d
 - ``saved_alive_bytes``: bytes of saved tensors of this and earlier steps still alive
   when the step ends (after backward): graphs kept alive (``retain_graph``, a forward
   with gradients whose loss never went through backward);
-- ``retained_losses``: loss tensors of earlier steps (those ``backward`` was called on)
-  still alive, with their graph, when the step ends: ``losses.append(loss)``;
+- ``retained_losses``: losses of earlier steps (the tensors ``backward`` was called on)
+  whose graph is still alive when the step ends: the loss tensor itself kept
+  (``losses.append(loss)``), or only its graph, through a tensor computed from it
+  (``running = running + loss``). The graph's liveness is read from a small marker object
+  put in the loss's ``grad_fn.metadata`` (autograd nodes take no weak reference; the
+  metadata dict lives exactly as long as the node);
 - ``batch_elements`` and ``batch_shapes``: the shapes of the step's batch tensors and the
   element count of the largest (the token count of a batch of token IDs);
 - ``rss_bytes``: the process's resident memory (``/proc/self/statm``; None elsewhere);
@@ -46,8 +50,8 @@ class MemoryObserver:
         self.rec = rec
         self._saved: dict[int, tuple[weakref.ref, int]] = {}  # id -> (tensor, bytes), alive across steps
         self._step_saved = 0
-        self._losses: list[weakref.ref] = []  # losses of earlier steps
-        self._step_losses: list[weakref.ref] = []
+        self._losses: list[tuple[weakref.ref, weakref.ref | None]] = []  # losses of earlier steps: (tensor, graph)
+        self._step_losses: list[tuple[weakref.ref, weakref.ref | None]] = []
         self._shapes: list[list[int]] | None = None
 
     def install(self) -> Callable[[], None]:
@@ -63,7 +67,7 @@ class MemoryObserver:
             for t in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                     try:
-                        me._step_losses.append(weakref.ref(t))
+                        me._step_losses.append((weakref.ref(t), _graph_marker(t)))
                     except TypeError:
                         pass
             return old_backward(tensors, *args, **kwargs)
@@ -110,7 +114,7 @@ class MemoryObserver:
     def step_scalars(self) -> dict[str, Any]:
         """The step's ``memory`` scalar; starts the next step's counts."""
         alive = sum(n for r, n in list(self._saved.values()) if r() is not None)
-        retained = sum(1 for r in self._losses if (t := r()) is not None and t.grad_fn is not None)
+        retained = sum(1 for r, g in self._losses if _alive(r, g))
         m: dict[str, Any] = {"saved_bytes": self._step_saved, "saved_alive_bytes": alive, "retained_losses": retained,
                              "batch_shapes": self._shapes,
                              "batch_elements": max(_numel(sh) for sh in self._shapes) if self._shapes else None,
@@ -120,11 +124,36 @@ class MemoryObserver:
             m["cuda_reserved"] = int(torch.cuda.memory_reserved())
             m["cuda_peak"] = int(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-        self._losses = [r for r in self._losses + self._step_losses if r() is not None]
+        self._losses = [(r, g) for r, g in self._losses + self._step_losses if _alive(r, g)]
         self._step_losses = []
         self._step_saved = 0
         self._shapes = None
         return {"memory": m}
+
+
+class _Marker:
+    """Lives as long as the autograd node whose metadata holds it."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _graph_marker(t: torch.Tensor) -> weakref.ref | None:
+    """A weak reference that dies with ``t``'s graph (its ``grad_fn``), or None when the
+    node has no metadata to hold the marker."""
+    try:
+        meta = t.grad_fn.metadata
+        m = meta.setdefault("reprobisect_memory", _Marker())
+        return weakref.ref(m)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+
+
+def _alive(tensor: weakref.ref, graph: weakref.ref | None) -> bool:
+    """An earlier step's loss whose graph is alive: the tensor with its grad_fn, or the graph alone."""
+    t = tensor()
+    if t is not None and t.grad_fn is not None:
+        return True
+    return graph is not None and graph() is not None
 
 
 def _numel(shape: list[int]) -> int:

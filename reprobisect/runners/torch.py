@@ -97,7 +97,7 @@ gradients do not count as ``first_nonfinite``),
 recorder's hooks), ``compute_s`` (the step's wall time minus both),
 ``cuda_memory_allocated``/``_reserved`` (only when CUDA is initialised: no CUDA call is
 made otherwise), ``eval_mode_layers`` (only when some are: the model's dropout/batch-norm
-layers in eval mode during its training forward; an evaluation run's ``train_mode_layers``
+layers in eval mode during its training forward; ``eval_mode_dropout``, the dropout ones among them; an evaluation run's ``train_mode_layers``
 are those in training mode under ``no_grad``/``inference_mode``), ``loss_broadcast``
 and ``loss_probabilities`` (step 0, only when found: an op of the loss expression
 that broadcast ``[N,1]`` against ``[N]`` to ``[N,N]``; a loss on logits fed a softmax or sigmoid), and ``first_nonfinite`` (``kind 'name'`` of the first record holding a
@@ -345,6 +345,7 @@ class TorchRecorder:
         self._backwards_idle = 0  # backward() calls with no optimizer and no parameter update
         self._bw_mark = 0  # evaluation runs before the last backward (a loop without an optimizer)
         self.backwards = 0
+        self.graphless_backwards = 0  # backward() calls whose every tensor had no graph (grad_fn None)
         self._quiet = 0  # inside an LBFGS closure's re-evaluation: counted, not recorded
         self._train_mode_roots: set[int] = set()  # roots that trained in train() mode
         self._eval_root: torch.nn.Module | None = None  # a root evaluating in eval() mode with gradients on
@@ -589,6 +590,9 @@ class TorchRecorder:
         def backward(tensors, *args, **kwargs):
             if not rec.done:
                 rec._add_losses(tensors)
+                ts = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+                if ts and all(isinstance(t, torch.Tensor) and t.grad_fn is None for t in ts):
+                    rec.graphless_backwards += 1
             out = orig(tensors, *args, **kwargs)
             if not rec.done:
                 rec._after_backward()
@@ -873,6 +877,9 @@ class TorchRecorder:
             names = [n for n, m in layers if not m.training]
             if names:  # the model trains with dropout/batch norm in eval mode (doctor's ``modes``)
                 self._scalars["eval_mode_layers"] = names[:_MODE_NAMES]
+                drop = [n for n, m in layers if not m.training and not _is_norm(m)]
+                if drop:
+                    self._scalars["eval_mode_dropout"] = drop[:_MODE_NAMES]
         self._trained = True
         self._eval_cur = None
         if not self.prefetch:
@@ -1080,7 +1087,7 @@ class TorchRecorder:
         self._backwards_idle += 1
         self._bw_mark, self._eval_cur = len(self._eval_runs), None
         if self.step == 0 and self._backwards_idle >= _IDLE_BACKWARDS:
-            self._finish(StopRun("no_steps", 0, _no_update_detail(self.backwards)))
+            self._finish(StopRun("no_steps", 0, _no_update_detail(self.backwards, self.graphless_backwards)))
 
     def _params_updated(self) -> bool:
         """Whether a parameter that had a gradient at the last backward changed since: its
@@ -1097,6 +1104,18 @@ class TorchRecorder:
             return False
         with torch.no_grad():
             return any(bool((a != b) & ~(a.isnan() & b.isnan())) for a, b in sums)
+
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        """``before_first_step`` when the run wrote no step (it crashed or ended first): the
+        backward calls so far (and how many started from a tensor with no graph), the
+        parameters whose initial value was seen and those of them frozen; the doctor reads it
+        to name the cause of a run that never stepped."""
+        if self.step != 0 or self._opt_posts:
+            return {}
+        return {"before_first_step": {"backwards": self.backwards, "backwards_without_graph": self.graphless_backwards,
+                                      "parameters_seen": len(self._init_params),
+                                      "frozen_params": list(self._scalars.get("frozen_params") or [])}}
 
     def finish_manual(self) -> None:
         """At the end of the program: a pending step of a loop without an optimizer ends here."""
@@ -1675,6 +1694,12 @@ def _loss_graph(loss: torch.Tensor) -> dict[str, Any]:
 """Most layer names ``eval_mode_layers`` / ``train_mode_layers`` list."""
 
 
+def _is_norm(m: torch.nn.Module) -> bool:
+    from torch.nn.modules import batchnorm
+
+    return isinstance(m, getattr(batchnorm, "_BatchNorm", torch.nn.BatchNorm1d))
+
+
 def _mode_layers(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The layers of ``module`` whose behaviour ``train()``/``eval()`` changes: dropout with
     p > 0 and batch norm that tracks running statistics, by their path."""
@@ -1724,9 +1749,13 @@ def _combine(fingerprints: list[str]) -> str:
     return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:32]
 
 
-def _no_update_detail(backwards: int) -> str:
+def _no_update_detail(backwards: int, graphless: int = 0) -> str:
     if backwards == 0:
         what = "never called optimizer.step() and never ran backward()"
+    elif graphless == backwards:
+        what = (f"never called optimizer.step(), and each of its {backwards} backward() call(s) started from a "
+                "tensor with no graph (a leaf: a loss rebuilt with torch.tensor() from .item(), or detached), so no "
+                "parameter got a gradient")
     else:
         what = (f"never called optimizer.step(), and no parameter changed after its {backwards} backward() "
                 "call(s)")

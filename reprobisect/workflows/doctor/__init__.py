@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -99,13 +100,15 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
         if "overfit" in todo and frame[0] != "tensorflow":
             findings += _overfit_run(argv, options, base, cwd, kept, overfit_steps, frame, quiet_crash=bool(findings))
         if "repro" in todo:
+            ended = any(f.evidence.get("outcome") not in (None, "ok") for f in findings if f.severity == "error")
             findings += check_repro(argv, options, out=out / "repro" if out else None,
-                                    cwd=str(cwd) if cwd else None)
+                                    cwd=str(cwd) if cwd else None, quiet_crash=ended)
             if out is not None:
                 kept["repro"] = str(out / "repro")
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+    findings = _weight_decay_cross_check(findings)
     skipped: dict[str, str] = {}
     if frame[0] == "tensorflow":
         skipped = {c: _TF_WHY[c] for c in todo if c not in FRAMEWORK_CHECKS["tensorflow"]}
@@ -115,6 +118,24 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
     return Diagnosis(findings=ranked(findings), checks=todo, command=tuple(argv), steps=options.steps,
                      traces=kept if out is not None else {}, wall_s=round(time.monotonic() - t0, 3),
                      framework=frame[0], not_applicable=skipped)
+
+
+def _weight_decay_cross_check(findings: list[Finding]) -> list[Finding]:
+    """Diverging updates in the run, and a fixed-batch run whose loss falls once weight decay
+    is off: the weight decay is named as the likely cause (in the ``update`` finding)."""
+    upd = next((f for f in findings if f.check == "update" and "loss_growth" in f.evidence), None)
+    fit = next((f for f in findings if f.check == "overfit" and f.severity == "info"), None)
+    wd = (fit.evidence.get("weight_decay_zeroed") or {}) if fit is not None else {}
+    losses = [v for v in ((fit.evidence.get("table") or {}).get("loss") or []) if isinstance(v, (int, float))] \
+        if fit is not None else []
+    if upd is None or not wd or len(losses) < 2 or not losses[-1] < losses[0]:
+        return findings
+    new = replace(upd, cause=upd.cause + f"; with weight decay switched off (it was "
+                  f"{', '.join(f'{v:g}' for v in wd.values())}) the fixed-batch run's loss falls ({losses[0]:.4g} -> "
+                  f"{losses[-1]:.4g}): the weight decay is the likely cause",
+                  evidence={**upd.evidence, "weight_decay": wd},
+                  next="lower weight_decay (typical: 1e-4..1e-1); lr x weight_decay must stay well below 1")
+    return [new if f is upd else f for f in findings]
 
 
 def framework_of(trace: Trace) -> str:

@@ -15,7 +15,8 @@ From one recorded run:
   softmax), or an ``NLLLoss`` given non-negative values (it expects log-probabilities);
   read from the recorded stats of the tensor whose fingerprint the loss module received;
 - class indices out of range and targets of the wrong dtype crash inside the loss: the
-  crash's last line is matched (``run.py``, ``CRASH_CONTRACT``).
+  crash's last line is matched against the loss's own messages, old and new PyTorch's
+  (``run.py``, ``CRASH_CONTRACT``); a generic "index out of bounds" elsewhere is not one.
 """
 
 from __future__ import annotations
@@ -29,14 +30,22 @@ from reprobisect.workflows.doctor.model import Finding
 __all__ = ["CRASH_CONTRACT", "check_contract"]
 
 CRASH_CONTRACT = (
-    ("out of bounds", "a class index in the targets is out of range for the number of classes the model outputs",
-     "check the label mapping (0..C-1) and the size of the model's last layer"),
-    ("expected scalar type Long", "the loss expects class indices (int64) but gets floating targets (or the reverse)",
-     "give CrossEntropyLoss/NLLLoss int64 class indices, or probabilities of the input's shape"),
-    ("multi-target not supported", "the targets have one dimension too many for class indices ([N, 1] instead of [N])",
+    (r"Target -?\d+ is out of bounds|t >= 0 && t < n_classes", "",
+     "a class index in the targets is out of range for the number of classes the model outputs",
+     "check the label mapping (0..C-1, not 1..C) and the size of the model's last layer"),
+    (r"expected scalar type Long|expected target dtype to be Long", "",
+     "the loss expects class indices (int64) but gets floating targets (or another integer type)",
+     "give CrossEntropyLoss/NLLLoss int64 class indices (labels.long()), or probabilities of the input's shape"),
+    (r"multi-target not supported", "",
+     "the targets have one dimension too many for class indices ([N, 1] instead of [N])",
      "pass targets of shape [N] (class indices) to CrossEntropyLoss/NLLLoss"),
+    (r"can't be cast to the desired output type (Long|Int|Short|Byte|Bool)", r"loss",
+     "the targets are integers but the loss computes in floating point (BCE/BCEWithLogits/MSE expect float targets)",
+     "cast the targets with .float() (and give them the prediction's shape)"),
 )
-"""(text in the crash's last line, cause, next) for contract violations the loss raises."""
+"""(pattern of the crash's last line, pattern the traceback must also hold or "", cause, next)
+for contract violations the loss raises; a pattern that other code can raise too (a cast) needs
+a loss in the traceback."""
 
 _TOL = 1e-4
 

@@ -28,8 +28,8 @@ _CAUSES = {
               "zero); reject or repair them at load time"),
     "input": ("the model's input is already non-finite (samples {ids}): the data, not the model",
               "inspect samples {ids} and any transform between the loader and the model"),
-    "activation": ("the forward pass first produces NaN/Inf in module '{module}' while everything before it is finite",
-                   "look for log, exp, division, sqrt or a large power in '{module}' on samples {ids}; run that operation "
+    "activation": ("the forward pass first produces NaN/Inf in module {where} while everything before it is finite",
+                   "look for log, exp, division, sqrt or a large power in {where} on samples {ids}; run that operation "
                    "in float32 if it runs in lower precision; `bisect capture --full-steps {step}` keeps the tensors"),
     "output": ("the model's output is non-finite while its inputs are finite (a numerically unstable forward)",
                "look for log, exp, division or overflow in the model's last layers on samples {ids}"),
@@ -122,6 +122,15 @@ def _evidence(trace: Trace, step: Step, rec: Record) -> dict[str, Any]:
     }
 
 
+def _input_from_code(step: Step, rec: Record) -> bool:
+    """Whether no record of ``step`` before ``rec`` is its input (by fingerprint): the input was
+    made by code between modules, unrecorded, so its finiteness is unknown."""
+    if not rec.inputs:
+        return False
+    earlier = {r.fingerprint for r in step.records if r is not rec and r.kind in ("batch", "input", "activation")}
+    return not any(fp in earlier for fp in rec.inputs)
+
+
 def check_finite(trace: Trace) -> list[Finding]:
     """The ``finite`` finding of one recorded run: the first non-finite tensor (error), or
     an ``info`` that none appeared in the steps recorded."""
@@ -132,9 +141,19 @@ def check_finite(trace: Trace) -> list[Finding]:
                         "gradients, parameters)", {"steps": n}, "")]
     step, rec = hit
     cause, nxt = _CAUSES.get(rec.kind, ("a tensor of kind '{kind}' is the first non-finite one", ""))
-    fill = {"name": rec.name, "module": rec.module or rec.name, "ids": _ids(step), "step": step.step, "kind": rec.kind}
+    fill = {"name": rec.name, "module": rec.module or rec.name, "where": f"'{rec.module or rec.name}'", "ids": _ids(step), "step": step.step, "kind": rec.kind}
     ev = _evidence(trace, step, rec)
+    if rec.kind == "activation" and rec.module and rec.module != rec.name:
+        fill["where"] = f"'{rec.name}' ({rec.module})"  # the module's path and its class
     cause = cause.format(**fill)
+    if rec.kind == "activation" and _input_from_code(step, rec):
+        ev["input_from"] = "forward code between modules (no recorded tensor has its input's fingerprint)"
+        cause = (f"the first NaN/Inf recorded is the output of module {fill['where']}, whose input (samples "
+                 f"{fill['ids']}) was computed by forward code between modules (a torch.log, exp, division or sqrt in "
+                 "the parent's forward): the NaN/Inf starts there or in the module; the batch and the model's input "
+                 "are finite")
+        nxt = ("look for log, exp, division or sqrt in the forward code that computes the input of '{name}' (and in "
+               "'{name}' itself) on samples {ids}; `bisect capture --full-steps {step}` keeps the tensors")
     if rec.kind == "grad" and _growing(ev["history"]["grad_norm"]):
         cause = (f"the gradient norm grew from {ev['history']['grad_norm'][0]:.3g} to overflow by step {step.step}: "
                  "exploding gradients")

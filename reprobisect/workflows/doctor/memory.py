@@ -6,7 +6,8 @@ forward saved for backward, saved bytes still alive after backward, loss tensors
 earlier steps still alive with their graph, RSS, and on CUDA the allocated, reserved and
 peak bytes). In the guide's terms:
 
-- growth: the loss tensors of earlier steps stay alive with their graphs (``losses.append(loss)``),
+- growth: the losses of earlier steps keep their graphs alive (``losses.append(loss)``, or a
+  running total ``total = total + loss`` that holds the graphs without the loss tensors),
   saved activations pile up step after step (a graph kept with ``retain_graph`` or a forward
   with gradients that never goes through backward), or CUDA memory after the step rises at
   every step;
@@ -59,9 +60,10 @@ def check_memory(trace: Trace) -> list[Finding]:
     retained = [int(m.get("retained_losses") or 0) for _, m in ms]
     if len(ms) >= 3 and retained[-1] >= len(ms) - 2 and all(b >= a for a, b in zip(retained, retained[1:])):
         return [Finding("memory", "warning",
-                        f"steady growth from retained graphs: after step {steps[-1]} the loss tensors of {retained[-1]} "
-                        "earlier step(s) are still alive with their autograd graphs (loss tensors kept in a list or a "
-                        "running total, e.g. losses.append(loss)): memory grows every step until it runs out",
+                        f"steady growth from retained graphs: after step {steps[-1]} the losses of {retained[-1]} "
+                        "earlier step(s) still hold their autograd graphs (loss tensors kept in a list, "
+                        "losses.append(loss), or summed into a running total, total = total + loss): memory grows "
+                        "every step until it runs out",
                         {"retained_losses_after_last_step": retained[-1], "table": table}, _NEXT_GROWTH)]
     alive = [float(m.get("saved_alive_bytes") or 0) for _, m in ms]
     if _rising(alive[1:] if len(alive) > 3 else alive):

@@ -12,7 +12,9 @@ from one recorded run (the PyTorch recorder notes them; ``runners/torch.py``):
   train mode: an ``eval_mode`` evaluation run inside a step that has a loss and gradients
   but no training forward of the model, no ``output`` record), or a model whose dropout/batch-norm layers are in eval mode
   during its training forward (``scalars.eval_mode_layers``; intentional when batch-norm
-  statistics are frozen for fine-tuning).
+  statistics are frozen for fine-tuning, never for dropout: ``scalars.eval_mode_dropout``
+  names the dropout layers among them, and an evaluation before the first step, whose
+  ``model.eval()`` was not undone, is named as the likely origin).
 """
 
 from __future__ import annotations
@@ -56,14 +58,29 @@ def _trained_in_eval_mode(steps: list[Step]) -> list[Finding]:
                         "evaluation) and model.train() not after it, so dropout is off and batch norm stops "
                         "adapting for the rest of training", ev,
                         "call model.train() after every evaluation, before the next training batch")]
-    layered = [(s.step, s.scalars["eval_mode_layers"]) for s in steps if s.scalars.get("eval_mode_layers")]
+    layered = [s for s in steps if s.scalars.get("eval_mode_layers")]
     if layered:
-        step, names = layered[0]
-        ev = {"step": step, "layers_in_eval_mode": names, "steps": [k for k, _ in layered]}
+        first = layered[0]
+        names, drop = first.scalars["eval_mode_layers"], list(first.scalars.get("eval_mode_dropout") or [])
+        ev = {"step": first.step, "layers_in_eval_mode": names, "steps": [s.step for s in layered]}
+        before = [e for e in (steps[0].scalars.get("eval") or []) if isinstance(e, dict) and e.get("after_step") is None]
+        why = ""
+        if before and first.step == steps[0].step:
+            ev["evaluation_before_training"] = before[0].get("phase")
+            why = (" after an evaluation before the first step (under "
+                   f"{before[0].get('phase')}): model.eval() for it was not undone with model.train()")
+        if drop:
+            ev["dropout_in_eval_mode"] = drop
+            return [Finding("modes", "warning",
+                            f"the model trains in eval mode from step {first.step}{why}: its dropout layer(s) "
+                            f"({', '.join(drop[:4])}) drop nothing during training"
+                            + (" and batch norm stops adapting" if len(drop) < len(names) else ""),
+                            ev, "call model.train() before the training loop and after every evaluation")]
         return [Finding("modes", "warning",
-                        f"the model trains with {len(names)} dropout/batch-norm layer(s) in eval mode from step {step} "
-                        f"({', '.join(names[:4])}): intentional only when batch-norm statistics are frozen on purpose",
-                        ev, "call model.train() before training (and re-freeze only the layers meant to be frozen)")]
+                        f"the model trains with {len(names)} batch-norm layer(s) in eval mode from step {first.step}"
+                        f"{why} ({', '.join(names[:4])}): intentional only when batch-norm statistics are frozen on "
+                        "purpose", ev, "call model.train() before training (and re-freeze only the layers meant to be "
+                        "frozen)")]
     return []
 
 

@@ -14,6 +14,8 @@ was switched off, and how long the run took. Verdicts:
   steps to try (a slow but healthy run is not called broken);
 - cannot fit: a plateau far from fit (at most 5 % change over the second half), or a loss
   that rose: ``warning`` with what to inspect;
+- a learning rate at 0 at the end of the run (a schedule drove it there): ``info``,
+  inconclusive (``update`` names it);
 - not run: no batch came from a ``DataLoader`` to repeat: ``info``, inconclusive (never a pass).
 """
 
@@ -45,6 +47,24 @@ def _rows(steps: list[Step]) -> list[int]:
     n = len(steps)
     picks = sorted({0, n // 10, n // 4, n // 2, (3 * n) // 4, n - 1})
     return [i for i in picks if 0 <= i < n]
+
+
+def _lr_zero_from(steps: list[Step]) -> int | None:
+    """The step from which every param group's learning rate is 0 to the end, or None."""
+    at = None
+    for s in steps:
+        lr = s.scalars.get("lr")
+        vals = []
+        for v in lr if isinstance(lr, list) else []:
+            try:
+                vals.append(stat_value(v))
+            except (KeyError, TypeError, ValueError):
+                vals.append(None)
+        if vals and all(v == 0.0 for v in vals):
+            at = s.step if at is None else at
+        else:
+            at = None
+    return at
 
 
 def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Finding]:
@@ -82,6 +102,12 @@ def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Fin
         acc = f", accuracy {acc_end:.0%}" if acc_end is not None else ""
         return [Finding("overfit", "info", f"fits one batch: loss {first:.4g} -> {end:.4g}{acc} ({took}); the model, "
                         "loss and update path work together on it", ev, "")]
+    zero = _lr_zero_from(steps)
+    if zero is not None:
+        ev["lr_zero_from_step"] = zero
+        return [Finding("overfit", "info", f"inconclusive: on one batch the loss went from {first:.4g} to {end:.4g}, "
+                        f"but the learning rate is 0 from step {zero} of the fixed-batch run ({took}), so the test "
+                        "says nothing about the model", ev, "see `--check update` for the learning rate")]
     half = vals[len(vals) // 2]
     stalled = len(vals) >= 10 and abs(half - end) <= 0.05 * abs(half)
     if end < first and not stalled:

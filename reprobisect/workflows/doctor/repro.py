@@ -85,13 +85,14 @@ def repro_findings(result: ReproResult) -> list[Finding]:
 
 
 def check_repro(argv: list[str], options: ProbeOptions, *, out: Path | None = None,
-                cwd: str | None = None) -> list[Finding]:
+                cwd: str | None = None, quiet_crash: bool = False) -> list[Finding]:
     """Run ``argv`` twice (``run_repro``) and return its finding; a run that ends without a
-    trace is a finding too (``run``), never a traceback."""
+    trace is a finding too (a warning, or ``info`` with ``quiet_crash``: another finding
+    already reports how the command ends), never a traceback."""
     opts = replace(options, out=out, keep=out is not None, quiet=True)
     try:
         result = run_repro(argv, opts, runs=2, cwd=cwd)
     except ProbeError as e:
-        return [Finding("repro", "warning", f"cannot judge reproducibility: {e}", {},
+        return [Finding("repro", "info" if quiet_crash else "warning", f"cannot judge reproducibility: {e}", {},
                         "fix the run first (see the other findings)")]
     return repro_findings(result)

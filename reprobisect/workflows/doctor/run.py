@@ -3,7 +3,11 @@
 The command runs through ``workflows.capture`` (the probe path of ``bisect capture``) at
 full detail, stopping at the first NaN/Inf. How the run ended becomes findings of its own
 (check ``run``): a crash with its last line, an import failure, a run that never stepped an
-optimizer, a timeout; a crash that says the loss has no graph is an ``update`` error.
+optimizer, a timeout; a crash that says the loss has no graph is an ``update`` error (every
+parameter frozen when the recorder saw them all with ``requires_grad=False`` before the first
+step, its ``manifest.extra["before_first_step"]``; else a cut graph), and so is a run that
+never stepped because every backward started from a tensor with no graph (a loss rebuilt
+from ``.item()``); a crash in the loss over the targets' dtype or range is a ``contract`` error.
 ``keep_first_bad`` re-records the run up to its first non-finite step, keeping that step's
 full tensors (the bad batch, the forward, loss and gradients) and the complete state after
 the step before it (the last healthy state), and checks that the re-run met the same
@@ -13,6 +17,7 @@ tensor at the same step on the same samples.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -89,7 +94,7 @@ def record_run(argv: list[str], options: ProbeOptions, dest: Path,
     res = _capture(argv, dest, _config(options, **config), options, cwd)
     o = res.outcome
     trace = None
-    if o.status in (Status.OK, Status.NONFINITE, Status.CRASHED, Status.TIMEOUT):
+    if o.status in (Status.OK, Status.NONFINITE, Status.CRASHED, Status.TIMEOUT, Status.NO_STEPS):
         try:
             trace = read_rank0(dest, allow_incomplete=True)
         except ReproError:
@@ -113,18 +118,24 @@ def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
           "output_log": res.output_log}
     if o.status in (Status.OK, Status.NONFINITE):
         return []
+    before = _before_first_step(trace)
     if o.status is Status.CRASHED:
         if any(p in (o.traceback or "") + ev["last_line"] for p in _DETACHED):
-            return [Finding("update", "error", "backward refused the loss: it has no graph to the model (a .detach(), "
-                            ".item()/.numpy() round trip or a forward under torch.no_grad())", ev,
-                            "follow the loss back to the model's output and remove what cuts the graph; "
-                            "loss.grad_fn must not be None")]
-        for text, cause, nxt in CRASH_CONTRACT:
-            if text in ev["last_line"]:
+            return [_no_graph_crash(ev, before)]
+        for line, where, cause, nxt in CRASH_CONTRACT:
+            if re.search(line, ev["last_line"]) and (not where or re.search(where, o.traceback or "")):
                 return [Finding("contract", "error", f"the loss raised{_at(o)}: {cause}", ev, nxt)]
         return [Finding(RUN, "error", f"the command crashed{_at(o)}: {ev['last_line'] or o.detail}", ev,
                         "fix the crash (the whole output is output.log in the trace with -o), then run the doctor again")]
     if o.status is Status.NO_STEPS:
+        n, leaf = int(before.get("backwards") or 0), int(before.get("backwards_without_graph") or 0)
+        if n and leaf == n:
+            ev["backwards"] = n
+            return [Finding("update", "error", f"backward ran {n} time(s), every time from a tensor with no graph (a "
+                            "leaf: a loss rebuilt with torch.tensor() from .item()/.numpy(), or detached), so no "
+                            "parameter ever got a gradient and nothing was updated", ev,
+                            "compute the loss from the model's output tensors without .item()/.detach()/torch.tensor(); "
+                            "loss.grad_fn must not be None")]
         return [Finding(RUN, "error", "the command ended without an optimizer step, so nothing could be checked"
                         + (f" ({o.detail})" if o.detail else ""), ev,
                         "check that the command trains (optimizer.step() runs) within the first steps")]
@@ -132,6 +143,32 @@ def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
             Status.INFRA: "was stopped from outside or the recorder failed"}.get(o.status, str(o.status))
     return [Finding(RUN, "error", f"the command {what}{_at(o)}" + (f": {o.detail}" if o.detail else ""), ev,
                     "make the command run as a plain `python ...` first; raise --timeout for slow starts")]
+
+
+def _before_first_step(trace: Trace | None) -> dict:
+    """What the recorder saw before a run that wrote no step ended (``manifest.extra``)."""
+    extra = trace.manifest.extra if trace is not None else None
+    got = (extra or {}).get("before_first_step")
+    return got if isinstance(got, dict) else {}
+
+
+def _no_graph_crash(ev: dict, before: dict) -> Finding:
+    """Backward refused a loss without a graph: every parameter frozen, or the graph cut."""
+    frozen = list(before.get("frozen_params") or [])
+    seen = int(before.get("parameters_seen") or 0)
+    if frozen and len(frozen) >= seen:
+        ev = {**ev, "frozen_params": frozen[:8] + ([f"... ({len(frozen)} in all)"] if len(frozen) > 8 else []),
+              "parameters_seen": seen}
+        return Finding("update", "error", f"every one of the model's {seen} parameter(s) is frozen (requires_grad="
+                       "False), so the loss has no graph and backward refuses it: nothing can train", ev,
+                       "unfreeze the parameters meant to train (check the names a freeze/unfreeze loop matches, "
+                       "e.g. the head's), then build the optimizer on them")
+    if frozen:
+        ev = {**ev, "frozen_params": frozen[:8], "parameters_seen": seen}
+    return Finding("update", "error", "backward refused the loss: it has no graph to the model (a .detach(), "
+                   ".item()/.numpy() round trip or a forward under torch.no_grad())", ev,
+                   "follow the loss back to the model's output and remove what cuts the graph; "
+                   "loss.grad_fn must not be None")
 
 
 def _at(o: Outcome) -> str:

@@ -13,7 +13,8 @@ scalars ``no_grad_params``, ``grad_norm``, ``lr``, ``loss``), in the guide's ord
   ``frozen_params``);
 - a learning rate at zero, from the start or driven there by a scheduler;
 - an optimizer step that changes no parameter although gradients and learning rate are
-  non-zero; and the symptom itself: a loss identical at every step.
+  non-zero; and the symptoms themselves: a loss identical at every step, or a loss that
+  grows tenfold or more while rising at most steps (diverging updates).
 """
 
 from __future__ import annotations
@@ -180,6 +181,15 @@ def check_update(trace: Trace) -> list[Finding]:
     return _movement(steps) + infos
 
 
+def _diverging(losses: list[float | None]) -> bool:
+    """Finite positive losses over >= 5 steps, rising at >= 70 % of them, ending >= 10x the first."""
+    vals = [v for v in losses if v is not None and math.isfinite(v)]
+    if len(vals) < 5 or len(vals) != len(losses) or vals[0] <= 0:
+        return False
+    ups = sum(1 for a, b in zip(vals, vals[1:]) if b > a)
+    return ups >= 0.7 * (len(vals) - 1) and vals[-1] >= 10 * vals[0]
+
+
 def _movement(steps: list[Step]) -> list[Finding]:
     """No cause found: do the parameters move, and does the loss?"""
     losses = _losses(steps)
@@ -199,6 +209,15 @@ def _movement(steps: list[Step]) -> list[Finding]:
         return [Finding("update", "warning", f"the loss is exactly {losses[0]} at every one of {len(steps)} steps while "
                         "parameters change: the update does not reach what the loss measures", ev,
                         "check the labels and the output/loss pairing (bisect doctor --check contract when it exists)")]
+    if _diverging(losses):
+        vals = [v for v in losses if v is not None]
+        ev["loss_growth"] = round(vals[-1] / vals[0], 3)
+        return [Finding("update", "warning", f"the loss grows from {vals[0]:.4g} to {vals[-1]:.4g} "
+                        f"({vals[-1] / vals[0]:.3g}x) over {len(steps)} steps while every parameter changes: the "
+                        "updates diverge (a learning rate too high for this loss, or a weight decay so large that "
+                        "lr x weight_decay overshoots)", ev,
+                        "lower the learning rate; check weight_decay (typical: 1e-4..1e-1); compare the fixed-batch "
+                        "run (`--check overfit`, which turns weight decay off)")]
     if still and any(n for n in still if not n.startswith(_UNNAMED)) and len(steps) >= 2:
         ev["unchanged"] = _short(still)
         return [Finding("update", "info", f"{len(still)} of {total} parameter(s) did not change over {len(steps)} "
