@@ -12,7 +12,7 @@ __all__ = ["render_resume", "resume_json"]
 
 def render_resume(r: Any) -> str:
     """Text for ``bisect resume``: the verdict, the first difference and its component, the runs."""
-    k, n = r.at, r.steps
+    k = r.at
     if r.verdict == "bitwise":
         first, last = r.compared_steps
         head = f"resume OK: the run resumed after step {k - 1} continues the uninterrupted run bitwise (steps {first}..{last})"

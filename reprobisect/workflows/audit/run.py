@@ -212,8 +212,9 @@ def _resume(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
     traces = {s.role: s.trace for s in r.runs if s.trace}
     where = f"resumed after step {spec.at - 1}"
     if r.verdict == "bitwise":
+        first, last = r.compared_steps  # from an older checkpoint's next step when the resume restarted there
         note = f"; {r.reason}" if r.reason else ""
-        return {"verdict": "bitwise", "line": f"{where}, steps {spec.at}..{spec.steps - 1} continue the "
+        return {"verdict": "bitwise", "line": f"{where}, steps {first}..{last} continue the "
                 f"uninterrupted run bitwise{note}", "traces": traces}
     if r.verdict == "diverged" and r.finding is not None:
         f = r.finding
