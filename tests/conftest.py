@@ -38,23 +38,3 @@ PYTHON = sys.executable
 @pytest.fixture
 def examples_dir() -> Path:
     return EXAMPLES
-
-
-# --- running on several workers (pytest-xdist; scripts/test.sh passes -n 2) ---
-# Each test module runs whole on one worker, so its module-scoped fixtures (recorded runs,
-# repositories, a Ray cluster) are built once. The modules that start Ray share one scope: two
-# local Ray instances on one machine can find each other, so they never run at the same time.
-# (A scheduler of our own, not ``--dist loadgroup``: pytest 9.2 ignores the node-id suffix that
-# xdist 3.8's loadgroup relies on.)
-_RAY_MODULES = {"test_executor_ray", "test_audit"}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "ray" if path.rsplit("/", 1)[-1].removesuffix(".py") in _RAY_MODULES else path
-
-    return ModuleScheduling(config, log)
