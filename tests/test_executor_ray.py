@@ -764,7 +764,8 @@ def test_multi_gpu_probes_see_exactly_their_gpus_on_one_node_and_spread_pairs_la
 def test_two_probes_on_one_node_get_their_own_gpus_and_ports_and_a_user_port_is_kept(cluster, gpu_nodes, tmp_path):
     """--placement pack, one GPU each: both sides on one node at once, disjoint devices,
     different rendezvous ports; a MASTER_PORT the user set reaches the command unchanged."""
-    work = _folder(tmp_path, "w", mode="sleep 1")
+    # 4 s: long enough to overlap though a fresh Ray worker can take seconds to start on a loaded node
+    work = _folder(tmp_path, "w", mode="sleep 4")
     with RayExecutor(runner=RUNNER, gpus_per_probe=1, placement_timeout=60) as ex:
         ra, rb = (f.result(timeout=120) for f in ex.submit_pair(_spec("pa", workdir=work), _spec("pb", workdir=work), placement="pack"))
         mine = ex.submit(_spec("mine", workdir=work, env={"MASTER_PORT": "23456"})).result(timeout=120)
