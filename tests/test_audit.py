@@ -36,8 +36,8 @@ checks:
   - {name: tol, check: repro, env: {AUDIT_NOISE: "1e-7"}, tolerance: {atol: 1e-4, rtol: 0}}
   - {name: seeds, check: seeds, command: "python train.py --steps 4 --seed {seed}"}
   - {name: threads, check: envs, a: env.OMP_NUM_THREADS=1, b: env.OMP_NUM_THREADS=2}
-  - {name: resumable, check: resume, command: "python resume_train.py --total 4 --ckpt ok.pt",
-     steps: 4, at: 2, resume_args: "--resume ok.pt"}
+  - {name: resumable, check: resume, command: "python resume_env.py --total 4 --ckpt ok.pt",
+     steps: 4, at: 2, resume_args: "--resume ok.pt", env: {RESUME_ENV: "1"}}
   - {name: forgetful, check: resume, command: "python resume_train.py --total 4 --ckpt bug.pt --bug scheduler",
      steps: 4, at: 1, resume_args: [--resume, bug.pt]}
 """
@@ -67,6 +67,10 @@ def _repo(tmp: Path) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copy(TRAIN, tmp / "train.py")
     shutil.copy(RESUME_TRAIN, tmp / "resume_train.py")
+    (tmp / "resume_env.py").write_text(  # runs only with the check's env: it reaches all three runs
+        "import os, runpy, sys\n"
+        "if os.environ.get('RESUME_ENV') != '1':\n    sys.exit('RESUME_ENV is not set')\n"
+        "runpy.run_path('resume_train.py', run_name='__main__')\n")
     _git(tmp, "init", "-q", "-b", "main")
     _git(tmp, "config", "user.email", "a@b.c")
     _git(tmp, "config", "user.name", "audit test")

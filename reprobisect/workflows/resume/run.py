@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from reprobisect.executors import executor_for
 from reprobisect.executors.base import ProbeResult, ProbeSpec
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import read_rank0
+from reprobisect.workflows.repro import spec_for
 from reprobisect.workflows.resume.diagnose import Finding, align, bookkeeping_notes, diagnose, first_difference
 
 __all__ = ["Reference", "ResumeResult", "RunSummary", "check_resume", "judge_resumed", "record_reference",
@@ -110,9 +111,9 @@ def split_resume_args(text: str | None) -> list[str]:
 
 def _spec(argv: list[str], options: ProbeOptions, key: str, steps: int, workdir: Path,
           extra: tuple[str, ...] = ()) -> ProbeSpec:
-    return ProbeSpec(key=key, argv=tuple(argv), workdir=str(workdir), steps=steps, timeout=options.timeout,
-                     full_steps=tuple(s for s in options.full_steps if s < steps), extra_launch_args=extra,
-                     in_place=True, **options.launch_fields())
+    # repro's spec (options' env, timeout, detail) for ``steps`` steps, run in place
+    return replace(spec_for(argv, options, key=key, workdir=workdir), steps=steps,
+                   full_steps=tuple(s for s in options.full_steps if s < steps), extra_launch_args=extra, in_place=True)
 
 
 def _summary(role: str, r: ProbeResult) -> RunSummary:
