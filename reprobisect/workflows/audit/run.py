@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import ProbeError, ReproError, UsageError
@@ -314,32 +314,35 @@ def _bisect(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list
 _KINDS = {"repro": _repro, "seeds": _seeds, "envs": _envs, "resume": _resume}
 
 
-def _run_check(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path, history: list[hist.Night],
-               revision: str | None) -> CheckResult:
+def _judged(spec: CheckSpec, judge: Callable[[], dict[str, Any]]) -> CheckResult:
+    """``judge()``'s verdict as the check's result, timed. What it raises makes the check
+    inconclusive with why: one check's failure or bug never stops the others, never a pass."""
     t0 = time.perf_counter()
-    folder = out / spec.name
-    opts = _options(base, spec, folder)
     try:
-        if spec.check == "golden":
-            got = _golden(spec, opts, cfg, history, revision)
-        else:
-            got = _KINDS[spec.check](spec, opts, cfg.folder)
+        got = judge()
     except ReproError as e:  # a run that could not produce a trace, a missing golden, DVC failing
         got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
-    except Exception as e:  # noqa: BLE001  one check's bug never stops the others; it is said, never a pass
-        got = {"verdict": "inconclusive", "line": f"internal error: {type(e).__name__}: {e}",
-               "reason": f"internal error: {type(e).__name__}: {e}"}
-    wall = time.perf_counter() - t0
-    return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=wall,
+    except Exception as e:  # noqa: BLE001
+        why = f"internal error: {type(e).__name__}: {e}"
+        got = {"verdict": "inconclusive", "line": why, "reason": why}
+    return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=time.perf_counter() - t0,
                        verdict=got["verdict"], line=got["line"], first_divergence=got.get("first_divergence"),
                        reason=got.get("reason"), traces=got.get("traces") or {}, envdiff=tuple(got.get("envdiff") or ()),
                        culprit=got.get("culprit"), noise=got.get("noise"))
 
 
+def _run_check(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path, history: list[hist.Night],
+               revision: str | None) -> CheckResult:
+    opts = _options(base, spec, out / spec.name)
+    if spec.check == "golden":
+        return _judged(spec, lambda: _golden(spec, opts, cfg, history, revision))
+    return _judged(spec, lambda: _KINDS[spec.check](spec, opts, cfg.folder))
+
+
 def _record_golden(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: Path) -> CheckResult:
-    t0 = time.perf_counter()
     opts = _full(_options(base, spec, out / spec.name), spec)
-    try:
+
+    def record() -> dict[str, Any]:
         runs = _probe(spec, opts, cfg.folder, max(1, spec.noise_runs))
         bad = next((r for r in runs if not r.outcome), None)
         if bad is not None:
@@ -350,16 +353,10 @@ def _record_golden(spec: CheckSpec, base: ProbeOptions, cfg: AuditConfig, out: P
             with _DVC_LOCK:
                 goldens.dvc_publish(cfg.repo, spec.golden, cfg.golden_remote)
         kind = "bitwise-reproducible" if not band.tensors else f"noise band over {len(band.tensors)} tensors"
-        got = {"verdict": "bitwise", "line": f"golden recorded from {len(runs)} runs ({kind})",
-               "noise": _noise(band), "traces": {"a": str(spec.golden / goldens.TRACE_DIR)}}
-    except ReproError as e:
-        got = {"verdict": "inconclusive", "line": str(e), "reason": str(e)}
-    except Exception as e:  # noqa: BLE001  one golden's bug never stops the others' recording
-        got = {"verdict": "inconclusive", "line": f"internal error: {type(e).__name__}: {e}",
-               "reason": f"internal error: {type(e).__name__}: {e}"}
-    return CheckResult(name=spec.name, check=spec.check, command=spec.command, wall_s=time.perf_counter() - t0,
-                       verdict=got["verdict"], line=got["line"], reason=got.get("reason"), noise=got.get("noise"),
-                       traces=got.get("traces") or {})
+        return {"verdict": "bitwise", "line": f"golden recorded from {len(runs)} runs ({kind})",
+                "noise": _noise(band), "traces": {"a": str(spec.golden / goldens.TRACE_DIR)}}
+
+    return _judged(spec, record)
 
 
 def _in_order(calls: list[Any], jobs: int) -> list[Any]:
