@@ -437,8 +437,10 @@ def test_native_kernel_is_safe_from_several_threads():
 
 @pytest.mark.native_only
 def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
-    """The vectorised build for this CPU and a portable -O2 build give the same bits: row
-    sums (integers) and statistics (the source fixes every float operation and its order)."""
+    """The vectorised build for this CPU (AVX-512, AVX2 or the compiler's own vectors) and a
+    portable -O2 build give the same bits: row sums (integers) and statistics (the source
+    fixes every float operation and its order), with signed zeros, subnormals, the largest
+    values, infinities and NaN."""
     k = _kernel_or_skip()
     monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path))
     portable = native.load(native.build(flag_sets=(["-O2"],)))
@@ -449,6 +451,16 @@ def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
             a = (rng.standard_normal(n) * 50).astype(dtype)
             if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16:
                 a[::97] = -0.0
+                info = ml_dtypes.finfo(dtype)
+                a[5::389] = info.smallest_subnormal
+                a[7::401] = info.max
+                if n > 4096:  # non-finite values only in some tensors (the others keep finite stats)
+                    a[9::4099] = -np.inf
+                    if n > per_chunk:
+                        a[11::8191] = np.nan
+            else:
+                a[3::89] = np.iinfo(dtype).min  # the most negative lanes
+                a[4::89] = np.iinfo(dtype).max
             name = ft.dtype_name(a.dtype)
             fast, slow = k.run(a.ctypes.data, a.nbytes, name), portable.run(a.ctypes.data, a.nbytes, name)
             assert np.array_equal(fast[0], slow[0]) and fast[2] == slow[2], (name, n)

@@ -10,9 +10,9 @@
 // in order; NaN and Inf are counted in a second pass only when the sum is not finite.
 // Built with -ffp-contract=off and no fast-math, the result is defined by the C++ source
 // alone: the same bits give the same statistics on any IEEE-754 machine, whatever its
-// vector width. The AVX-512 paths (used when the build
-// targets such a CPU) do exactly the scalar code's operations in the same order per
-// accumulator; tests build both and compare the bits.
+// vector width. The AVX-512 and AVX2 paths (used when the build targets such a CPU) do
+// exactly the scalar code's operations in the same order per accumulator; tests build the
+// machine's path and a portable one and compare the bits.
 
 #include <cmath>
 #include <cstdint>
@@ -22,6 +22,9 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #define RB_AVX512 1
+#elif defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define RB_AVX2 1
 #endif
 
 namespace {
@@ -82,9 +85,70 @@ inline int64_t fp_total(__m512i a0, __m512i a1) {
 }
 #endif
 
+#ifdef RB_AVX2
+// AVX2 has no 64-bit multiply (the compiler's emulation left the row sum compute-bound at
+// about half memory speed). Per lane l and weight w = hi * 2**32 + lo:
+//   sign_extend(l) * w = u * lo + 2**32 * (u * hi - lo * [l < 0])  (mod 2**64),
+// with u the lane's 32 bits read unsigned. u * lo is exact in 64 bits (vpmuludq, even and
+// odd lanes); of the second term only the low 32 bits count, so it is summed in 32-bit
+// lanes (vpmulld, and lo where the lane is negative) and shifted in at the row's end. The
+// weights' low and high halves are split once per thread into lane-ordered tables.
+struct SplitWeights {
+  const uint64_t* src = nullptr;
+  alignas(32) uint32_t lo[ROW], hi[ROW];
+};
+
+inline const SplitWeights& split(const uint64_t* w) {
+  static thread_local SplitWeights t;
+  if (t.src != w) {
+    for (int64_t j = 0; j < ROW; ++j) {
+      t.lo[j] = uint32_t(w[j]);
+      t.hi[j] = uint32_t(w[j] >> 32);
+    }
+    t.src = w;
+  }
+  return t;
+}
+
+struct Fp8 {
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+
+  // eight lanes at q, the weights' halves at lo and hi
+  inline void add(const unsigned char* q, const uint32_t* lo, const uint32_t* hi) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    __m256i l = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+    __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+    even = _mm256_add_epi64(even, _mm256_mul_epu32(v, l));
+    odd = _mm256_add_epi64(odd, _mm256_mul_epu32(_mm256_srli_epi64(v, 32), _mm256_srli_epi64(l, 32)));
+    __m256i neg = _mm256_and_si256(_mm256_srai_epi32(v, 31), l);
+    high = _mm256_add_epi32(high, _mm256_sub_epi32(_mm256_mullo_epi32(v, h), neg));
+  }
+
+  inline uint64_t total() const {
+    alignas(32) uint64_t t[4];
+    alignas(32) uint32_t u[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(even, odd));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u), high);
+    uint32_t hsum = 0;
+    for (int k = 0; k < 8; ++k) hsum += u[k];
+    return t[0] + t[1] + t[2] + t[3] + (uint64_t(hsum) << 32);
+  }
+};
+#endif
+
 // The sum of one whole row (ROW lanes starting at q).
 int64_t row_sum(const unsigned char* q, const uint64_t* w) {
-#ifdef RB_AVX512
+#if defined(RB_AVX2)
+  const SplitWeights& sw = split(w);
+  Fp8 x, y;
+  for (int64_t j = 0; j < ROW; j += 16) {
+    const unsigned char* b = q + j * 4;
+    _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_BYTES), _MM_HINT_T0);
+    x.add(b, sw.lo + j, sw.hi + j);
+    y.add(b + 32, sw.lo + j + 8, sw.hi + j + 8);
+  }
+  return int64_t(x.total() + y.total());
+#elif defined(RB_AVX512)
   __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
   for (int64_t j = 0; j < ROW; j += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(q + j * 4 + PREFETCH_BYTES), _MM_HINT_T0);
@@ -210,6 +274,71 @@ struct Acc {
   }
 #endif
 
+#ifdef RB_AVX2
+  // The AVX2 twin of the above: accumulator k takes the elements i with i % K == k, in order.
+  int64_t fused_row(const unsigned char* q, const uint64_t* w) {
+    static_assert(K == 16, "the vector layout below is for 16 accumulators");
+    __m256d sv[4], qv[4];
+    for (int k = 0; k < 4; ++k) {
+      sv[k] = _mm256_loadu_pd(s + 4 * k);
+      qv[k] = _mm256_loadu_pd(this->q + 4 * k);
+    }
+    __m256 l0 = _mm256_loadu_ps(lo), l1 = _mm256_loadu_ps(lo + 8);
+    __m256 h0 = _mm256_loadu_ps(hi), h1 = _mm256_loadu_ps(hi + 8);
+    const SplitWeights& sw = split(w);
+    Fp8 x, y;
+    auto st8 = [&](__m256 f, int half) {  // elements 8*half .. 8*half+7 of a group of 16
+      __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+      __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+      sv[2 * half] = _mm256_add_pd(sv[2 * half], d0);
+      sv[2 * half + 1] = _mm256_add_pd(sv[2 * half + 1], d1);
+      qv[2 * half] = _mm256_add_pd(qv[2 * half], _mm256_mul_pd(d0, d0));
+      qv[2 * half + 1] = _mm256_add_pd(qv[2 * half + 1], _mm256_mul_pd(d1, d1));
+      if (half == 0) {
+        l0 = _mm256_min_ps(f, l0);  // f < l ? f : l, as one() (NaN keeps l)
+        h0 = _mm256_max_ps(f, h0);
+      } else {
+        l1 = _mm256_min_ps(f, l1);
+        h1 = _mm256_max_ps(f, h1);
+      }
+    };
+    auto widen_bf16 = [](__m128i h) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    };
+    for (int64_t j = 0; j < ROW; j += 16) {  // 64 bytes: 16 lanes
+      const unsigned char* b = q + j * 4;
+      _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_BYTES), _MM_HINT_T0);
+      x.add(b, sw.lo + j, sw.hi + j);
+      y.add(b + 32, sw.lo + j + 8, sw.hi + j + 8);
+      if constexpr (DT == F32) {
+        st8(_mm256_loadu_ps(reinterpret_cast<const float*>(b)), 0);
+        st8(_mm256_loadu_ps(reinterpret_cast<const float*>(b + 32)), 1);
+      } else {  // 32 half-width elements: two groups of 16
+        for (int g = 0; g < 2; ++g) {
+          __m128i e0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32 * g));
+          __m128i e1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32 * g + 16));
+          if constexpr (DT == BF16) {
+            st8(widen_bf16(e0), 0);
+            st8(widen_bf16(e1), 1);
+          } else {
+            st8(_mm256_cvtph_ps(e0), 0);
+            st8(_mm256_cvtph_ps(e1), 1);
+          }
+        }
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_pd(s + 4 * k, sv[k]);
+      _mm256_storeu_pd(this->q + 4 * k, qv[k]);
+    }
+    _mm256_storeu_ps(lo, l0);
+    _mm256_storeu_ps(lo + 8, l1);
+    _mm256_storeu_ps(hi, h0);
+    _mm256_storeu_ps(hi + 8, h1);
+    return int64_t(x.total() + y.total());
+  }
+#endif
+
   Partial result() const {
     Partial r;
     for (int k = 0; k < K; ++k) {
@@ -229,7 +358,7 @@ void chunk(const unsigned char* p, int64_t len, const uint64_t* w, int64_t* row_
   int64_t full = len / (ROW * 4);
   for (int64_t r = 0; r < full; ++r) {
     const unsigned char* q = p + r * ROW * 4;
-#ifdef RB_AVX512
+#if defined(RB_AVX512) || defined(RB_AVX2)
     if constexpr (STATS && (DT == F32 || DT == BF16 || DT == F16)) {
       row_out[r] = acc.fused_row(q, w);
       continue;
