@@ -502,3 +502,21 @@ def test_finish_many_equals_finish_one_by_one():
     srcs = ts + [ts[1]]
     assert ft.finish_many(list(zip(pend, srcs))) == [ft.finish(p, source=t) for p, t in zip(pend, srcs)]
     assert ft.finish_many([]) == []
+
+
+def test_begin_many_equals_begin_one_by_one():
+    """One call for many tensors (a step's parameters and optimizer state) gives what each
+    tensor's own call gives: contiguous or not, every dtype, empty, non-finite, lazily negated."""
+    big = torch.randn(3 * ROW + 5)
+    big[7] = float("inf")
+    ts = [torch.randn(5), big, torch.randn(2 * native.CHUNK_BYTES // 4 + 3).to(torch.bfloat16),
+          torch.tensor([1.0, float("nan"), float("-inf")]), torch.arange(7), torch.zeros(0),
+          torch.randn(64, 32).t(), torch.randn(9).to(torch.float8_e4m3fn), torch.randn(4, dtype=torch.complex64),
+          torch.randn(6).neg(), torch.randn(6)._neg_view(), torch.tensor(3.5), torch.ones(5, dtype=torch.bool),
+          torch.randint(0, 9, (11,), dtype=torch.uint32)]
+    for stats in (True, False):
+        many = ft.finish_many([(p, t) for p, t in zip(ft.begin_many(ts, with_stats=stats), ts)])
+        one = [ft.finish(ft.begin(t, with_stats=stats), source=t) for t in ts]
+        assert many == one, stats
+        assert all(type(v) in (int, float, str) for _, st in many if st for v in st.values())  # plain JSON values
+    assert ft.begin_many([]) == []

@@ -405,16 +405,21 @@ import torch
 from torch import nn
 import reprobisect.runners.fingerprint_torch as ft
 
-orig = ft.begin
+orig, orig_many = ft.begin, ft.begin_many
 calls = 0
-def begin(t, with_stats=True):  # the recorder's own code failing, from inside {where}
+def fail_inside():  # the recorder's own code failing, from inside {where}
     global calls
-    if any(f.function == "{where}" for f in inspect.stack()[1:6]):
+    if any(f.function == "{where}" for f in inspect.stack()[2:7]):
         calls += 1
         if calls == 3:
             raise RuntimeError("boom inside the recorder")
+def begin(t, with_stats=True):
+    fail_inside()
     return orig(t, with_stats)
-ft.begin = begin
+def begin_many(ts, with_stats=True):
+    fail_inside()
+    return orig_many(ts, with_stats)
+ft.begin, ft.begin_many = begin, begin_many
 
 torch.manual_seed(0)
 m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))

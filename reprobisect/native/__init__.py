@@ -39,7 +39,7 @@ import numpy as np
 __all__ = ["DTYPE_CODES", "Kernel", "build", "cache_dir", "kernel", "load", "status"]
 
 SOURCE = Path(__file__).with_name("fpstats.cpp")
-ABI_VERSION = 2
+ABI_VERSION = 3
 ROW = 4096
 BUILD_TIMEOUT_S = 120
 CHUNK_BYTES = 16 * ROW * 4  # fpstats.cpp's unit the statistics are combined by
@@ -75,6 +75,11 @@ class Kernel:
         g.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._g = g
+        m = self.lib.rb_fingerprint_stats_many
+        m.restype = ctypes.c_int
+        m.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                      ctypes.c_void_p]
+        self._m = m
         from reprobisect.trace.fingerprint import column_weights
 
         self._w = column_weights()
@@ -91,6 +96,30 @@ class Kernel:
         code = DTYPE_CODES.get(dtype, 0) if dtype else 0
         return self._call(lambda at, rows: self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4)),
                           nbytes, code)
+
+    def run_many(self, items: list[tuple[int, int, str | None]]) -> tuple[np.ndarray, np.ndarray, list[list[float]], list[list[int]]]:
+        """``run`` for many contiguous buffers ``(address, nbytes, dtype)`` in one call.
+
+        Returns ``(row_sums, starts, stats, counts)``: buffer ``i``'s row sums are
+        ``row_sums[starts[i]:starts[i + 1]]``, its statistics ``stats[i]`` (meaningless for a
+        dtype outside DTYPE_CODES) and its ``(nan, inf)`` counts ``counts[i]``.
+        """
+        n = len(items)
+        table = np.empty((n, 4), dtype=np.int64)
+        starts = np.empty(n + 1, dtype=np.int64)
+        at = 0
+        for i, (ptr, nbytes, dtype) in enumerate(items):
+            table[i] = (ptr, nbytes, DTYPE_CODES.get(dtype, 0) if dtype else 0, at)
+            starts[i] = at
+            at += -(-nbytes // (ROW * 4))
+        starts[n] = at
+        rows = np.empty(max(at, 1), dtype=np.int64)
+        stats = np.empty((n, 4), dtype=np.float64)
+        counts = np.empty((n, 2), dtype=np.int64)
+        rc = self._m(n, table.ctypes.data, self._w_ptr, rows.ctypes.data, stats.ctypes.data, counts.ctypes.data)
+        if rc != 0:
+            raise ValueError(f"native fingerprint kernel refused the call (code {rc})")
+        return rows, starts, stats.tolist(), counts.tolist()
 
     def run_strided(self, ptr: int, element_size: int, shape: tuple[int, ...], strides: tuple[int, ...],
                     dtype: str | None) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:

@@ -510,7 +510,7 @@ int run(const Source& src, int dtype, const int64_t* weights, int64_t* row_out, 
 
 extern "C" {
 
-int rb_abi_version() { return 2; }
+int rb_abi_version() { return 3; }
 
 // data/nbytes: the tensor's contiguous bytes. dtype: a Dtype code (NONE: row sums only).
 // weights: ROW odd 64-bit column weights. row_out: ceil(nbytes / (ROW*4)) slots.
@@ -522,6 +522,22 @@ int rb_abi_version() { return 2; }
 int rb_fingerprint_stats(const void* data, int64_t nbytes, int dtype, const int64_t* weights, int64_t* row_out,
                          double* stats_out, int64_t* counts_out) {
   return run(Source{static_cast<const unsigned char*>(data), nbytes}, dtype, weights, row_out, stats_out, counts_out);
+}
+
+// rb_fingerprint_stats for n contiguous tensors in one call (a step's parameters and
+// optimizer state: the per-call cost from Python is most of a small tensor's cost). items:
+// n rows of (data address, nbytes, dtype code, index of the tensor's first row in row_out);
+// stats_out: 4 per tensor, counts_out: 2 per tensor. Returns 0, or the first failing
+// tensor's code.
+int rb_fingerprint_stats_many(int64_t n, const int64_t* items, const int64_t* weights, int64_t* row_out,
+                              double* stats_out, int64_t* counts_out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t* it = items + 4 * i;
+    int rc = run(Source{reinterpret_cast<const unsigned char*>(it[0]), it[1]}, int(it[2]), weights, row_out + it[3],
+                 stats_out + 4 * i, counts_out + 2 * i);
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
 // The same for a strided tensor: data points at its first element; es is the element size

@@ -349,11 +349,14 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     out: list[Any] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     cpu = _cpu_forced()
+    alone: list[int] = []  # one by one on their device (CPU: the native kernel, in one call)
     for k, t in enumerate(tensors):
         if (cpu or not t.is_cpu) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES:
             groups.setdefault((t.device, t.dtype), []).append(k)
         else:
-            out[k] = fpt.begin(t, with_stats=with_stats)
+            alone.append(k)
+    for k, p in zip(alone, fpt.begin_many([tensors[k] for k in alone], with_stats=with_stats)):
+        out[k] = p
     with torch.no_grad():
         for ks in groups.values():
             for chunk in _chunks(ks, tensors):

@@ -41,7 +41,7 @@ import torch
 from reprobisect import native
 from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
 
-__all__ = ["Pending", "begin", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
+__all__ = ["Pending", "begin", "begin_many", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
 _CPU_BLOCK_ROWS = 8  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
@@ -279,14 +279,47 @@ def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name
         sums, st, counts = kernel.run(t.data_ptr(), nbytes, code)
     else:  # a transposed or sliced view: gathered block by block, no full copy
         sums, st, counts = kernel.run_strided(t.data_ptr(), es, tuple(t.shape), t.stride(), code)
+    return _native_pending(t, name, nbytes, sums, st, counts, with_stats, code is not None)
+
+
+def _native_pending(t: torch.Tensor, name: str, nbytes: int, sums: np.ndarray, st: list[float] | None,
+                    counts: tuple[int, int], with_stats: bool, coded: bool) -> Pending:
+    """The Pending of the kernel's results for ``t`` (``coded``: the kernel computed its
+    statistics; a dtype it has none for gets them from torch ops)."""
+    numel = t.numel()
     stats: Any = None
-    if st is not None and numel:
+    if coded and numel:
         stats = [st[0], math.sqrt(st[1]) if st[1] >= 0 else st[1], st[2], st[3]]
-    elif with_stats and code is None:
+    elif with_stats and not coded:
         stats = _stats_tensor(t)  # a dtype the kernel has no statistics for (float8, uint32...)
-        counts = None
     return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                   numel=numel, counts=counts if stats is not None and code else None)
+                   numel=numel, counts=(counts[0], counts[1]) if stats is not None and coded else None)
+
+
+def begin_many(ts: list[torch.Tensor], with_stats: bool = True) -> list[Pending]:
+    """``begin`` for tensors ready at one moment (a step's parameters and optimizer state on
+    CPU): the plain contiguous ones go through the native kernel in one call, whose cost
+    from Python is most of what a small tensor costs one by one; the rest one by one."""
+    k = native.kernel()
+    out: list[Any] = [None] * len(ts)
+    todo: list[tuple[int, torch.Tensor, str]] = []
+    items: list[tuple[int, int, str | None]] = []
+    for i, t in enumerate(ts):
+        t = t.detach()
+        if k is None or t.is_neg() or t.is_conj() or not _native_ok(t) or not t.is_contiguous():
+            out[i] = begin(t, with_stats)
+            continue
+        name = _name(t.dtype)
+        todo.append((i, t, name))
+        items.append((t.data_ptr(), t.numel() * t.element_size(),
+                      name if with_stats and name in native.DTYPE_CODES else None))
+    if todo:
+        rows, starts, stats, counts = k.run_many(items)
+        bounds = starts.tolist()  # Python ints: slicing with NumPy scalars costs several times more
+        for j, (i, t, name) in enumerate(todo):
+            out[i] = _native_pending(t, name, items[j][1], rows[bounds[j]:bounds[j + 1]], stats[j], counts[j],
+                                     with_stats, items[j][2] is not None)
+    return out
 
 
 def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:

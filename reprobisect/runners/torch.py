@@ -1454,7 +1454,9 @@ class TorchRecorder:
             if not isinstance(q, torch.Tensor):
                 todo.setdefault(id(q), (q, None))
         done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
-        for e in self._entries:
+        # in trace order, each record made with its place (the writer then keeps it as it is)
+        entries = sorted(self._entries, key=lambda e: e.chain or (_KIND_RANK[e.kind], e.seq))
+        for order, e in enumerate(entries):
             if e.record is not None:
                 records.append((e, e.record))
                 continue
@@ -1465,11 +1467,10 @@ class TorchRecorder:
             if e.inputs is not None:
                 ins = tuple(done_pending[id(q)][0] for q in e.inputs)
             rec = Record(
-                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, stats=st, module=e.module, inputs=ins,
-                meta=e.meta,
+                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, order=order, stats=st,
+                module=e.module, inputs=ins, meta=e.meta,
             )
             records.append((e, rec))
-        records.sort(key=lambda er: er[0].chain or (_KIND_RANK[er[1].kind], er[0].seq))
         return records, done_pending
 
     def _pre_clip_norm(self, done_pending: dict[int, tuple[str, dict | None]]) -> float:

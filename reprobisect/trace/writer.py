@@ -198,13 +198,14 @@ class TraceWriter:
             raise TraceError(f"record '{rec.name}' has unknown kind '{rec.kind}' (one of {', '.join(KINDS)})")
         if rec.key in self._keys:
             raise TraceError(f"record {rec.kind} '{rec.name}' written twice in step {self._step}")
-        changes: dict[str, Any] = {"order": len(self._records)}
+        order = len(self._records)
         if array is not None:
             # A copy: the caller's buffer (a parameter's memory, shared with torch on CPU)
             # may change before end_step writes it, and must not disagree with the fingerprint.
             self._arrays[tensor_key(rec.kind, rec.name)] = np.array(array, copy=True)
-            changes["stored"] = True
-        rec = _replace(rec, **changes)
+            rec = _replace(rec, order=order, stored=True)
+        elif rec.order != order:  # a record made with its place is kept as it is
+            rec = _replace(rec, order=order)
         self._records.append(rec)
         self._keys.add(rec.key)
         return rec
