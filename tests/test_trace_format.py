@@ -147,6 +147,42 @@ def test_state_is_written_and_listed(tmp_path):
     assert np.array_equal(shards.load(tmp_path / "t/state/step-0/model.safetensors")["w"], np.arange(3.0))
 
 
+def test_sealing_makes_every_file_durable_before_the_manifest_says_complete(tmp_path, monkeypatch):
+    """Tensor shards and state are written without fsync inside the step (it cost a state
+    capture ~70 ms of training time); sealing fsyncs each of them, and the folders holding
+    their renames, before the complete manifest replaces the incomplete one."""
+    synced: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        if Path(dst).name == "manifest.json" and json.loads(Path(src).read_text())["status"] == "complete":
+            synced.append("MANIFEST")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    trace = tmp_path / "t"
+    with TraceWriter(trace) as w:
+        for k in range(2):
+            w.begin_step(k)
+            a = _array(np.float32, (4, 4), seed=k)
+            w.record(record_array("fc", "activation", a), a)
+            w.end_step()
+            w.write_state(k, "model", {"w": np.arange(3.0) + k}, {"kind": "model"})
+        assert not any(s.endswith((".safetensors", "model.json")) for s in synced)  # none inside the steps
+    files = read_trace(trace).manifest.files
+    assert len(files) == 7  # steps.jsonl, 2 shards, 2 x (state safetensors + json)
+    done = synced.index("MANIFEST")
+    for rel in files:
+        assert str((trace / rel).resolve()) in synced[:done], rel
+    for folder in ("tensors", "state/step-0", "state/step-1"):
+        assert str((trace / folder).resolve()) in synced[:done], folder
+
+
 # -- writer misuse -------------------------------------------------------------------
 
 

@@ -49,10 +49,13 @@ _FROM_ST = {v: k for k, v in _TO_ST.items()}
 _MAX_HEADER = 100 * 2**20
 
 
-def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> tuple[int, str]:
+def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None,
+         *, fsync: bool = True) -> tuple[int, str]:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename).
 
     Returns the file's size and SHA-256, computed from the bytes as they are written.
+    ``fsync=False``: the caller makes the file durable later (a trace writer, before it
+    seals: a file inside an unsealed trace is never read as complete).
     """
     header: dict[str, object] = {}
     if metadata:
@@ -85,7 +88,8 @@ def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
             f.write(view)
             digest.update(view)
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
     return 8 + len(head) + offset, digest.hexdigest()
 
