@@ -514,9 +514,9 @@ def test_begin_many_equals_begin_one_by_one():
           torch.randn(64, 32).t(), torch.randn(9).to(torch.float8_e4m3fn), torch.randn(4, dtype=torch.complex64),
           torch.randn(6).neg(), torch.randn(6)._neg_view(), torch.tensor(3.5), torch.ones(5, dtype=torch.bool),
           torch.randint(0, 9, (11,), dtype=torch.uint32)]
-    for stats in (True, False):
-        many = ft.finish_many([(p, t) for p, t in zip(ft.begin_many(ts, with_stats=stats), ts)])
-        one = [ft.finish(ft.begin(t, with_stats=stats), source=t) for t in ts]
-        assert many == one, stats
+    for with_stats in (True, False):
+        many = ft.finish_many([(p, t) for p, t in zip(ft.begin_many(ts, with_stats=with_stats), ts)])
+        one = [ft.finish(ft.begin(t, with_stats=with_stats), source=t) for t in ts]
+        assert many == one, with_stats
         assert all(type(v) in (int, float, str) for _, st in many if st for v in st.values())  # plain JSON values
     assert ft.begin_many([]) == []
