@@ -32,7 +32,7 @@ from reprobisect.core.outcome import VerdictKind
 from reprobisect.errors import UsageError
 from reprobisect.trace.format import VERSION
 from reprobisect.trace.jsonsafe import is_int
-from reprobisect.trace.writer import fsync_dir
+from reprobisect.trace.writer import fsync_path
 
 __all__ = [
     "SESSION_VERSION",
@@ -195,7 +195,7 @@ class SessionLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-        fsync_dir(p.parent)
+        fsync_path(p.parent)
         return cls(path=p, header=head, events=[])
 
     @classmethod

@@ -35,7 +35,7 @@ from reprobisect.errors import TraceError
 from reprobisect.trace.format import FORMAT, VERSION, Manifest
 from reprobisect.trace.jsonsafe import is_int
 from reprobisect.trace.reader import Trace, read_trace
-from reprobisect.trace.writer import fsync_dir, json_safe, write_json_atomic
+from reprobisect.trace.writer import fsync_path, json_safe, write_json_atomic
 
 __all__ = ["RANKS_DIR", "RankInfo", "assemble", "is_multi_rank", "open_ranks", "rank_dir", "rank_infos",
            "read_rank0", "read_top_manifest", "shard_ranks", "world_size_of"]
@@ -218,7 +218,7 @@ def assemble(
         data["recorder"] = {**rec, TRUST_FIELD: sig}
     p.mkdir(parents=True, exist_ok=True)
     write_json_atomic(p / "manifest.json", data)
-    fsync_dir(p)
+    fsync_path(p)
     return data
 
 

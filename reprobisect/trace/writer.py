@@ -79,22 +79,9 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False, fsync: bo
     os.replace(tmp, path)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (best effort where the OS refuses)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
-    """Make a file written without fsync durable (best effort where the OS refuses)."""
+def fsync_path(path: Path) -> None:
+    """Make a file written without fsync, or the renames inside a folder, durable (best
+    effort where the OS refuses)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -167,7 +154,7 @@ class TraceWriter:
             extra=dict(extra or {}),
         )
         self._write_manifest()
-        fsync_dir(self.path.parent)
+        fsync_path(self.path.parent)
         self._steps_file = open(self.path / "steps.jsonl", "w")
         self._files: dict[str, dict[str, Any]] = {}
         self._step: int | None = None
@@ -305,12 +292,12 @@ class TraceWriter:
         # manifest says complete; by now the OS has mostly written them back already
         for rel in self._files:
             if rel != "steps.jsonl":
-                fsync_file(self.path / rel)
+                fsync_path(self.path / rel)
         for folder in (self.path / "tensors", self.path / "state", *(self.path / "state").glob("step-*")):
             if folder.is_dir():
-                fsync_dir(folder)
+                fsync_path(folder)
         self._write_manifest()
-        fsync_dir(self.path)
+        fsync_path(self.path)
         self._closed = True
 
     def _write_manifest(self) -> None:
