@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import subprocess
 import sys
 import textwrap
@@ -112,6 +113,21 @@ def test_non_finite_values_and_numpy_scalars_are_recorded(tmp_path):
     assert np.isnan(s.records[0].stat("mean"))
 
 
+def test_a_nan_beside_a_null_is_not_written_as_null(tmp_path):
+    """The step line's fast encoder writes NaN as null: a line that also holds real nulls
+    (no batch ids, a record without stats) must still say "nan" where the value was NaN."""
+    with TraceWriter(tmp_path / "t") as w:
+        w.begin_step(0)
+        w.record(replace(record_array("x", "input", np.zeros(2, np.float32)), stats=None))
+        w.end_step({"loss": float("nan"), "clip": None, "norms": [1.5, float("-inf")]}, batch_ids=None)
+        w.begin_step(1)
+        w.end_step({"loss": 0.25, "clip": None}, batch_ids=None)
+    s0, s1 = read_trace(tmp_path / "t").steps
+    assert s0.scalars == {"loss": "nan", "clip": None, "norms": [1.5, "-inf"]}
+    assert s0.batch_ids is None and s0.records[0].stats is None
+    assert s1.scalars == {"loss": 0.25, "clip": None}
+
+
 def test_stored_tensor_is_the_value_at_record_time(tmp_path):
     a = np.ones(8, np.float32)
     with TraceWriter(tmp_path / "t") as w:
@@ -145,6 +161,94 @@ def test_state_is_written_and_listed(tmp_path):
     m = read_trace(tmp_path / "t").manifest
     assert "state/step-0/model.safetensors" in m.files and "state/step-0/model.json" in m.files
     assert np.array_equal(shards.load(tmp_path / "t/state/step-0/model.safetensors")["w"], np.arange(3.0))
+
+
+def _held_saves(monkeypatch) -> "threading.Event":
+    """Make the writer's state saves wait for the returned event (the background thread)."""
+    import threading
+
+    from reprobisect.trace import writer as writer_mod
+
+    go, real_save = threading.Event(), shards.save
+
+    def save(*args, **kwargs):
+        assert go.wait(30)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(writer_mod.shards, "save", save)
+    return go
+
+
+def test_state_is_what_it_was_when_written_though_the_caller_changes_it(tmp_path, monkeypatch):
+    """State is written in the background: what the caller hands over may be the memory of a
+    live tensor (torch shares it with NumPy on CPU), which the next step changes in place."""
+    go = _held_saves(monkeypatch)
+    live = np.zeros(1 << 16)
+    meta = {"lr": [0.1]}
+    with TraceWriter(tmp_path / "t") as w:
+        w.begin_step(0)
+        w.end_step()
+        w.write_state(0, "model", {"w": live[:], "b": live.reshape(256, 256)}, meta)
+        live += 1  # the next training step
+        meta["lr"][0] = 0.5
+        go.set()
+    state = shards.load(tmp_path / "t/state/step-0/model.safetensors")
+    assert not state["w"].any() and not state["b"].any()
+    assert json.loads((tmp_path / "t/state/step-0/model.json").read_text()) == {"lr": [0.1]}
+    assert read_trace(tmp_path / "t").manifest.status == "complete"
+
+
+def test_a_later_capture_waits_for_the_last_and_sealing_waits_for_all(tmp_path, monkeypatch):
+    go = _held_saves(monkeypatch)
+    import threading
+
+    trace = tmp_path / "t"
+    with TraceWriter(trace) as w:
+        w.write_state(0, "model", {"w": np.arange(3.0)}, {})
+        assert not (trace / "state/step-0/model.json").exists()  # still in the background
+        later = threading.Thread(target=w.write_state, args=(1, "model", {"w": np.arange(4.0)}, {}))
+        later.start()
+        later.join(0.3)
+        assert later.is_alive()  # a new step's capture waits: one capture in memory at a time
+        go.set()
+        later.join(30)
+    files = read_trace(trace).manifest.files
+    assert {f"state/step-{k}/model.{ext}" for k in (0, 1) for ext in ("json", "safetensors")} <= set(files)
+
+
+def test_a_failed_state_write_stops_the_next_step_and_seals_the_trace_failed(tmp_path, monkeypatch):
+    from reprobisect.trace import writer as writer_mod
+
+    def full(path, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer_mod.shards, "save", full)
+    trace = tmp_path / "t"
+    w = TraceWriter(trace)
+    w.begin_step(0)
+    w.end_step()
+    w.write_state(0, "model", {"w": np.arange(3.0)}, {})  # fails in the background
+    with pytest.raises(TraceError, match="captured state could not be written .*No space left"):
+        w.drain()
+    with pytest.raises(TraceError, match="No space left"):
+        w.write_state(0, "rng", {}, {"state": {}})
+    with pytest.raises(TraceError, match="No space left"):
+        w.begin_step(1)
+    w.close()
+    m = read_trace(trace, allow_incomplete=True).manifest
+    assert m.status == "failed" and "No space left" in m.error
+    assert not (trace / "state/step-0/rng.json").exists()  # a capture that failed never looks whole
+
+
+def test_a_capture_too_large_to_copy_is_written_in_the_step(tmp_path, monkeypatch):
+    from reprobisect.trace import writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "_ASYNC_STATE_MAX", 100)
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_state(0, "small", {"w": np.arange(3.0)}, {})
+        w.write_state(0, "large", {"w": np.arange(64.0)}, {})
+        assert (tmp_path / "t/state/step-0/large.json").is_file()  # no copy, no thread: written now
+    assert "state/step-0/small.safetensors" in read_trace(tmp_path / "t").manifest.files
 
 
 def test_sealing_makes_every_file_durable_before_the_manifest_says_complete(tmp_path, monkeypatch):

@@ -1593,6 +1593,7 @@ class TorchRecorder:
             self.notes.append(f"state at step {step} not captured: state capture is not available in this build")
             return
         if budget is not None:
+            self.writer.drain()  # (the state is written in the background)
             self._disk_used = self._trace_bytes()
         if budget is not None and self._disk_used > budget:
             msg = f"the state at step {step} took the trace to {self._disk_used} bytes, over --max-disk {budget}"

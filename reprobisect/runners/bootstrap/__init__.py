@@ -157,6 +157,9 @@ class _Discard:
     def write_state(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def drain(self) -> None:
+        pass
+
     def close(self, *args: Any, **kwargs: Any) -> None:
         pass
 
@@ -195,6 +198,10 @@ class LazyWriter:
 
     def write_state(self, *args: Any, **kwargs: Any) -> None:
         self.open().write_state(*args, **kwargs)
+
+    def drain(self) -> None:
+        if self._real is not None:
+            self._real.drain()
 
     def close(self, *args: Any, **kwargs: Any) -> None:
         if self._real is not None:
