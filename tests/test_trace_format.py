@@ -8,6 +8,7 @@ from dataclasses import replace
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import ml_dtypes
@@ -121,11 +122,18 @@ def test_a_nan_beside_a_null_is_not_written_as_null(tmp_path):
         w.record(replace(record_array("x", "input", np.zeros(2, np.float32)), stats=None))
         w.end_step({"loss": float("nan"), "clip": None, "norms": [1.5, float("-inf")]}, batch_ids=None)
         w.begin_step(1)
+        w.record(replace(record_array("x", "input", np.zeros(2, np.float32)), stats=None))
+        y = record_array("y", "output", np.array([1.0, 2.0], np.float32))
+        w.record(replace(y, stats={**y.stats, "max": float("inf")}))  # a float, as a caller may give it
+        w.end_step({"loss": 0.25}, batch_ids=None)
+        w.begin_step(2)
+        w.record(replace(record_array("x", "input", np.zeros(2, np.float32)), stats=None, meta={"scale": float("nan")}))
         w.end_step({"loss": 0.25, "clip": None}, batch_ids=None)
-    s0, s1 = read_trace(tmp_path / "t").steps
+    s0, s1, s2 = read_trace(tmp_path / "t").steps
     assert s0.scalars == {"loss": "nan", "clip": None, "norms": [1.5, "-inf"]}
     assert s0.batch_ids is None and s0.records[0].stats is None
-    assert s1.scalars == {"loss": 0.25, "clip": None}
+    assert s1.records[0].stats is None and s1.records[1].stats["max"] == "inf"
+    assert s2.records[0].meta == {"scale": "nan"} and s2.scalars == {"loss": 0.25, "clip": None}
 
 
 def test_stored_tensor_is_the_value_at_record_time(tmp_path):
@@ -163,10 +171,8 @@ def test_state_is_written_and_listed(tmp_path):
     assert np.array_equal(shards.load(tmp_path / "t/state/step-0/model.safetensors")["w"], np.arange(3.0))
 
 
-def _held_saves(monkeypatch) -> "threading.Event":
+def _held_saves(monkeypatch) -> threading.Event:
     """Make the writer's state saves wait for the returned event (the background thread)."""
-    import threading
-
     from reprobisect.trace import writer as writer_mod
 
     go, real_save = threading.Event(), shards.save
@@ -200,8 +206,6 @@ def test_state_is_what_it_was_when_written_though_the_caller_changes_it(tmp_path
 
 def test_a_later_capture_waits_for_the_last_and_sealing_waits_for_all(tmp_path, monkeypatch):
     go = _held_saves(monkeypatch)
-    import threading
-
     trace = tmp_path / "t"
     with TraceWriter(trace) as w:
         w.write_state(0, "model", {"w": np.arange(3.0)}, {})
