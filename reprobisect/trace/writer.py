@@ -3,7 +3,8 @@
 The manifest is written first with status ``incomplete``; steps are appended to
 ``steps.jsonl`` one line per step; tensors and states go to safetensors files written by
 temp + rename (no fsync inside the training step: nothing in an unsealed trace reads as
-complete). Sealing fsyncs everything, records the size and SHA-256 of every file, and
+complete; captured state is hashed and written by a background thread, which sealing
+waits for). Sealing fsyncs everything, records the size and SHA-256 of every file, and
 replaces the manifest (temp + fsync + rename) with status ``complete`` or ``failed``. A writer killed at any point leaves ``incomplete``. Opening a writer on an
 existing trace replaces it whole (a retried probe must not mix two attempts); anything
 else already at the path is refused, never deleted.
