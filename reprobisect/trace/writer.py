@@ -142,6 +142,9 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+_ASYNC_STATE_MAX = 2 << 30
+
+
 def _async_state_max() -> int:
     """The largest capture copied and written in the background: 2 GiB, or a quarter of the
     memory available now when that is less (a copy of a large CPU model must not run the
@@ -152,9 +155,6 @@ def _async_state_max() -> int:
     except (ValueError, OSError, AttributeError):
         pass
     return cap
-
-
-_ASYNC_STATE_MAX = 2 << 30
 
 
 def _file_digest(path: Path) -> str:
@@ -303,10 +303,12 @@ class TraceWriter:
 
         The files are written by a background thread, so the training step waits only for a
         copy of the arrays that may share memory with live tensors (a 48 MB capture: ~100 ms
-        of hashing and writing off the step). The arrays and ``meta`` may change once this
-        returns. One capture is pending at a time (a later step's waits for it), captures
-        too large to copy (``_ASYNC_STATE_MAX``) are written here, and a failed write is
-        raised by the next call, or seals the trace as failed."""
+        of hashing and writing off the step). ``meta`` and any array that is a view (torch's
+        CPU tensors share their memory with NumPy) may change once this returns; an array
+        that owns its memory is handed over as it is. One capture is pending at a time (a
+        later step's waits for it), captures too large to copy (``_ASYNC_STATE_MAX``) are
+        written here, and a failed write is raised by the next call, or seals the trace as
+        failed."""
         self._raise_state_error()
         if self._state_step is not None and self._state_step != step:
             self.drain()
@@ -314,18 +316,16 @@ class TraceWriter:
         folder.mkdir(parents=True, exist_ok=True)
         text = _json_bytes(meta, compact=True)
         arrays = {k: np.asarray(a) for k, a in tensors.items()}
-        job = (step, name, folder, arrays, text)
         if sum(a.nbytes for a in arrays.values()) > _async_state_max():
-            self._write_state_files(*job)
+            self._write_state_files(step, name, folder, arrays, text)
             return
-        # a copy of what the caller still owns (torch's CPU tensors share their memory)
-        job = (step, name, folder, {k: a if a.flags.owndata else np.array(a, copy=True) for k, a in arrays.items()}, text)
+        arrays = {k: a if a.flags.owndata else np.array(a, copy=True) for k, a in arrays.items()}
         if self._state_pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._state_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprobisect-state")
         self._state_step = step
-        self._state_jobs.append(self._state_pool.submit(self._write_state_in_background, *job))
+        self._state_jobs.append(self._state_pool.submit(self._write_state_in_background, step, name, folder, arrays, text))
 
     def _write_state_in_background(self, *job: Any) -> None:
         if self._state_error is not None:  # no later file of a capture that failed
