@@ -468,6 +468,49 @@ def test_native_statistics_do_not_depend_on_the_build(tmp_path, monkeypatch):
 
 
 @pytest.mark.native_only
+def test_native_sum_of_squares_is_the_statistics_own(tmp_path, monkeypatch):
+    """The sum-of-squares pass a sentinel's gradient norms take gives the same float64 bits as
+    the full statistics' sum of squares (so both detail levels give one gradient norm), in
+    the machine's vectorised build and a portable one: across chunk borders, with tails that
+    are not whole vectors, with the largest values, infinities and NaN."""
+    k = _kernel_or_skip()
+    monkeypatch.setenv("REPROBISECT_CACHE_DIR", str(tmp_path))
+    portable = native.load(native.build(flag_sets=(["-O2"],)))
+    rng = np.random.default_rng(3)
+    per_chunk = native.CHUNK_BYTES // 4
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):
+        for n in (0, 1, 15, 17, 4096 * 3 + 17, 2 * per_chunk + 4096 + 3):
+            a = (rng.standard_normal(n) * 50).astype(dtype)
+            if n > 4096:
+                a[7::401] = ml_dtypes.finfo(dtype).max
+                a[5::389] = ml_dtypes.finfo(dtype).smallest_subnormal
+            for planted in (None, np.inf, np.nan):
+                b = a.copy()
+                if planted is not None and n:
+                    b[n // 2] = planted
+                name = ft.dtype_name(b.dtype)
+                want = k.run(b.ctypes.data, b.nbytes, name)[1][1]
+                got = [kk.sumsq(b.ctypes.data, b.nbytes, name) for kk in (k, portable)]
+                assert np.array(got).tobytes() == np.array([want, want]).tobytes(), (name, n, planted, got, want)
+    with pytest.raises(ValueError, match="int32"):
+        k.sumsq(a.ctypes.data, 4, "int32")
+
+
+def test_a_gradient_norm_is_the_norm_statistic_of_the_same_tensor():
+    """``fingerprint_torch.norm``: on the native path, exactly the ``norm`` a full recording's
+    statistics give the tensor; on the torch-op path (views, other dtypes, no kernel), close."""
+    for t in (torch.randn(3 * ROW + 7), torch.randn(300, 70).to(torch.bfloat16), torch.randn(33, dtype=torch.float64),
+              torch.randn(64, 32).t(), torch.zeros(0)):
+        got, want = ft.norm(t), ft.fingerprint_and_stats(t)[1]["norm"]
+        if isinstance(got, float):
+            assert native.kernel() is not None and t.is_contiguous()
+            assert got == want, t.dtype
+        else:
+            assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-12)
+    assert isinstance(ft.norm(torch.randn(64, 32).t()), torch.Tensor)  # a view: torch ops, never a copy
+
+
+@pytest.mark.native_only
 def test_native_build_is_cached_per_cpu_and_refuses_cleanly(tmp_path, monkeypatch):
     """Built once per (source, compiler, CPU); a CPU of another kind gets its own build, and
     no compiler means the torch-op path, with the same fingerprints, and a status that says why."""

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DTYPE_CODES", "Kernel", "build", "cache_dir", "kernel", "load", "status"]
+__all__ = ["DTYPE_CODES", "SUMSQ_DTYPES", "Kernel", "build", "cache_dir", "kernel", "load", "status"]
 
 SOURCE = Path(__file__).with_name("fpstats.cpp")
-ABI_VERSION = 3
+ABI_VERSION = 4
 ROW = 4096
 BUILD_TIMEOUT_S = 120
 CHUNK_BYTES = 16 * ROW * 4  # fpstats.cpp's unit the statistics are combined by
@@ -55,6 +55,8 @@ DTYPE_CODES = {
     "float32": 1, "float64": 2, "bfloat16": 3, "float16": 4, "int64": 5, "int32": 6,
     "int16": 7, "int8": 8, "uint8": 9, "bool": 10, "uint16": 11, "uint32": 12, "uint64": 13,
 }
+
+SUMSQ_DTYPES = {name: DTYPE_CODES[name] for name in ("float32", "float64", "bfloat16", "float16")}
 
 
 @dataclass
@@ -80,6 +82,10 @@ class Kernel:
         m.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_void_p]
         self._m = m
+        q = self.lib.rb_sumsq
+        q.restype = ctypes.c_int
+        q.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+        self._q = q
         from reprobisect.trace.fingerprint import column_weights
 
         self._w = column_weights()
@@ -120,6 +126,16 @@ class Kernel:
         if rc != 0:
             raise ValueError(f"native fingerprint kernel refused the call (code {rc})")
         return rows, starts, stats.tolist(), counts.tolist()
+
+    def sumsq(self, ptr: int, nbytes: int, dtype: str) -> float:
+        """The sum of squares of the ``nbytes`` at ``ptr``, a contiguous buffer of ``dtype``
+        (float32, float64, bfloat16 or float16): the same float64 bits as the sum of squares
+        ``run`` gives, from a pass that computes nothing else."""
+        out = ctypes.c_double()
+        rc = self._q(ptr, nbytes, SUMSQ_DTYPES.get(dtype, 0), ctypes.byref(out))
+        if rc != 0:
+            raise ValueError(f"native sum of squares refused {dtype} ({nbytes} bytes)")
+        return out.value
 
     def run_strided(self, ptr: int, element_size: int, shape: tuple[int, ...], strides: tuple[int, ...],
                     dtype: str | None) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:

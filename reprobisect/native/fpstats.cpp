@@ -427,6 +427,98 @@ void count_nonfinite(const unsigned char* p, int64_t n, int dtype, int64_t* nan,
 
 
 
+// The sum of squares alone (a sentinel step's gradient norms, taken in the backward pass
+// while each gradient is still in cache): exactly the float64 value the statistics above
+// give for the same bytes. Element i of a chunk goes to accumulator i % K, as in Acc, and
+// the accumulators and then the chunks are added in the same order; only the other
+// statistics and the row sums are left out.
+template <typename T, int DT>
+double sumsq_chunk(const unsigned char* p, int64_t n) {
+  static_assert(K == 16, "the vector layouts below are for 16 accumulators");
+  double q[K];
+  for (int k = 0; k < K; ++k) q[k] = 0;
+  int64_t i = 0;
+#if defined(RB_AVX512)
+  if constexpr (DT == F32 || DT == BF16 || DT == F16 || DT == F64) {
+    __m512d q0 = _mm512_setzero_pd(), q1 = _mm512_setzero_pd();
+    for (; i + K <= n; i += K) {
+      __m512d d0, d1;
+      if constexpr (DT == F64) {
+        d0 = _mm512_loadu_pd(reinterpret_cast<const double*>(p) + i);
+        d1 = _mm512_loadu_pd(reinterpret_cast<const double*>(p) + i + 8);
+      } else {
+        __m512 f;
+        if constexpr (DT == F32) {
+          f = _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+        } else {
+          __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
+          if constexpr (DT == BF16) {
+            f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+          } else {
+            f = _mm512_cvtph_ps(h);
+          }
+        }
+        d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+      }
+      q0 = _mm512_add_pd(q0, _mm512_mul_pd(d0, d0));
+      q1 = _mm512_add_pd(q1, _mm512_mul_pd(d1, d1));
+    }
+    _mm512_storeu_pd(q, q0);
+    _mm512_storeu_pd(q + 8, q1);
+  }
+#elif defined(RB_AVX2)
+  if constexpr (DT == F32 || DT == BF16 || DT == F16 || DT == F64) {
+    __m256d qv[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    auto widen = [&](__m128i h) {
+      if constexpr (DT == BF16) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      } else {
+        return _mm256_cvtph_ps(h);
+      }
+    };
+    for (; i + K <= n; i += K) {
+      __m256d d[4];
+      if constexpr (DT == F64) {
+        for (int k = 0; k < 4; ++k) d[k] = _mm256_loadu_pd(reinterpret_cast<const double*>(p) + i + 4 * k);
+      } else {
+        __m256 f[2];
+        if constexpr (DT == F32) {
+          f[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+          f[1] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i + 8);
+        } else {
+          f[0] = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+          f[1] = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i + 16)));
+        }
+        for (int h = 0; h < 2; ++h) {
+          d[2 * h] = _mm256_cvtps_pd(_mm256_castps256_ps128(f[h]));
+          d[2 * h + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(f[h], 1));
+        }
+      }
+      for (int k = 0; k < 4; ++k) qv[k] = _mm256_add_pd(qv[k], _mm256_mul_pd(d[k], d[k]));
+    }
+    for (int k = 0; k < 4; ++k) _mm256_storeu_pd(q + 4 * k, qv[k]);
+  }
+#endif
+  for (; i < n; ++i) {
+    double x = value<T, DT>(p, i);
+    q[i % K] += x * x;
+  }
+  double r = 0;
+  for (int k = 0; k < K; ++k) r += q[k];
+  return r;
+}
+
+template <typename T, int DT>
+double sumsq(const unsigned char* p, int64_t nbytes) {
+  double r = 0;
+  for (int64_t begin = 0; begin < nbytes; begin += CHUNK_BYTES) {
+    int64_t len = nbytes - begin < CHUNK_BYTES ? nbytes - begin : CHUNK_BYTES;
+    r += sumsq_chunk<T, DT>(p + begin, len / int64_t(sizeof(T)));
+  }
+  return r;
+}
+
 // Where a chunk's bytes come from: the tensor itself when it is contiguous, else gathered,
 // in logical (row-major) order, into a cache-sized buffer: the same bytes a contiguous copy
 // would hold, without allocating that copy.
@@ -510,7 +602,7 @@ int run(const Source& src, int dtype, const int64_t* weights, int64_t* row_out, 
 
 extern "C" {
 
-int rb_abi_version() { return 3; }
+int rb_abi_version() { return 4; }
 
 // data/nbytes: the tensor's contiguous bytes. dtype: a Dtype code (NONE: row sums only).
 // weights: ROW odd 64-bit column weights. row_out: ceil(nbytes / (ROW*4)) slots.
@@ -555,6 +647,22 @@ int rb_fingerprint_stats_strided(const void* data, int64_t es, int nd, const int
   if (buf.size() < size_t(CHUNK_BYTES)) buf.resize(CHUNK_BYTES);
   Source src{static_cast<const unsigned char*>(data), numel * es, es, nd, shape, strides, buf.data()};
   return run(src, dtype, weights, row_out, stats_out, counts_out);
+}
+
+// The sum of squares of a contiguous float32, float64, bfloat16 or float16 tensor, into
+// *out: the same bits as the sum of squares rb_fingerprint_stats gives (NaN when one
+// element is NaN). Returns 0, or -1 for another dtype code or a size that is not whole elements.
+int rb_sumsq(const void* data, int64_t nbytes, int dtype, double* out) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  const int es = element_size(dtype);
+  if (es == 0 || nbytes % es) return -1;
+  switch (dtype) {
+    case F32: *out = sumsq<float, F32>(p, nbytes); return 0;
+    case F64: *out = sumsq<double, F64>(p, nbytes); return 0;
+    case BF16: *out = sumsq<uint16_t, BF16>(p, nbytes); return 0;
+    case F16: *out = sumsq<uint16_t, F16>(p, nbytes); return 0;
+    default: return -1;
+  }
 }
 
 }  // extern "C"

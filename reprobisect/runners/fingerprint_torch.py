@@ -41,7 +41,8 @@ import torch
 from reprobisect import native
 from reprobisect.trace.fingerprint import ROW, column_weights, dtype_name, finish_fingerprint
 
-__all__ = ["Pending", "begin", "begin_many", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats"]
+__all__ = ["Pending", "begin", "begin_many", "enable_compile", "finish", "finish_many", "fingerprint", "fingerprint_and_stats",
+           "norm"]
 
 _weights: dict[torch.device, torch.Tensor] = {}
 _CPU_BLOCK_ROWS = 8  # 256 KiB of int64 scratch: stays in L2 between copy_ and mv; 32768
@@ -266,6 +267,24 @@ def _native_ok(t: torch.Tensor) -> bool:
         and t.dtype in _PLAIN
         and t.layout == torch.strided
     )
+
+
+def norm(t: torch.Tensor) -> float | torch.Tensor:
+    """The L2 norm of ``t`` (a gradient: a sentinel step's total norm is made of these).
+
+    A plain contiguous CPU float tensor: the square root of the native kernel's sum of
+    squares, a float with the same bits as the ``norm`` statistic a full recording gives the
+    same tensor, whatever the CPU's vector width (torch's own reduction order depends on it).
+    Otherwise a 0-dim tensor from torch ops, with no host synchronization on an accelerator
+    (accumulated in float32 for floats up to 32 bits: float64 widening is many times slower).
+    """
+    if _native_ok(t) and t.is_contiguous() and (name := _name(t.dtype)) in native.SUMSQ_DTYPES:
+        k = native.kernel()
+        if k is not None:
+            sq = k.sumsq(t.data_ptr(), t.numel() * t.element_size(), name)
+            return math.sqrt(sq) if sq >= 0 else sq
+    small = t.is_floating_point() and t.element_size() <= 4
+    return torch.linalg.vector_norm(t, dtype=torch.float32 if small else torch.float64)
 
 
 def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name: str) -> Pending:

@@ -362,7 +362,7 @@ class TorchRecorder:
         self._cache: dict[int, tuple[torch.Tensor, int, fpt.Pending]] = {}
         self._batch_ids: list[int] | None = None
         self._grad_seen: dict[int, tuple[Any, int | None, fpt.Pending | torch.Tensor, fpt.Pending | None]] = {}
-        self._pre_clip: list[fpt.Pending | torch.Tensor] = []
+        self._pre_clip: list[fpt.Pending | torch.Tensor | float] = []
         self._grad_todo: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, grad) to fingerprint in a batch
         self._data_wait = 0.0
         self._record_s = 0.0
@@ -1451,7 +1451,7 @@ class TorchRecorder:
             for q in e.inputs or ():
                 todo.setdefault(id(q), (q, None))
         for q in self._pre_clip:
-            if not isinstance(q, torch.Tensor):
+            if isinstance(q, fpt.Pending):
                 todo.setdefault(id(q), (q, None))
         done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
         # in trace order, each record made with its place (the writer then keeps it as it is)
@@ -1476,12 +1476,15 @@ class TorchRecorder:
     def _pre_clip_norm(self, done_pending: dict[int, tuple[str, dict | None]]) -> float:
         """The total gradient norm before clipping, from the norms or the stats the step kept."""
         sq = 0.0
-        norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # stats off: norm tensors
+        norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # no stats: norm tensors
         if norms and len({q.device for q in norms}) == 1:  # one host transfer, the same floats
             norm_values = iter(torch.stack([q.to(torch.float64) for q in norms]).tolist())
         else:
             norm_values = iter([float(q) for q in norms])
         for q in self._pre_clip:
+            if isinstance(q, float):  # no stats, on the host already (the native kernel's)
+                sq += q ** 2
+                continue
             if isinstance(q, torch.Tensor):
                 sq += next(norm_values) ** 2
                 continue
@@ -1765,12 +1768,10 @@ def _no_update_detail(backwards: int, graphless: int = 0) -> str:
             "or by hand after backward()), or wrap your own update in reprobisect.torch.record(model, ...)")
 
 
-def _norm(g: torch.Tensor) -> torch.Tensor:
-    """L2 norm of a gradient, accumulated in float32 for floats up to 32 bits (float64
-    widening is many times slower on CPU); only used when stats are off."""
-    g = g.detach()
-    small = g.is_floating_point() and g.element_size() <= 4
-    return torch.linalg.vector_norm(g, dtype=torch.float32 if small else torch.float64)
+def _norm(g: torch.Tensor) -> float | torch.Tensor:
+    """L2 norm of a gradient (``fingerprint_torch.norm``), where no statistics are taken
+    (sentinel detail, or stats off)."""
+    return fpt.norm(g.detach())
 
 
 def _float(x: Any) -> Any:
