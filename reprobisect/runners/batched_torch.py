@@ -62,16 +62,23 @@ _layouts: "OrderedDict[tuple, _Layout]" = OrderedDict()
 _scratch: dict[tuple[torch.device, torch.dtype], list[Any]] = {}  # -> [buffer, layout that last filled it]
 
 
+_from_env: bool | None = None  # REPROBISECT_FP_BATCHED, read once (a lookup per tensor added up)
+
+
 def force(on: bool | None) -> None:
-    """Send CPU tensors through the batched path too (``None``: back to the environment's say)."""
-    global _forced
-    _forced = on
+    """Send CPU tensors through the batched path too (``None``: back to the environment's say,
+    read again)."""
+    global _forced, _from_env
+    _forced, _from_env = on, None
 
 
 def _cpu_forced() -> bool:
+    global _from_env
     if _forced is not None:
         return _forced
-    return os.environ.get("REPROBISECT_FP_BATCHED", "").strip() not in ("", "0")
+    if _from_env is None:
+        _from_env = os.environ.get("REPROBISECT_FP_BATCHED", "").strip() not in ("", "0")
+    return _from_env
 
 
 def enabled_for(device: torch.device) -> bool:

@@ -272,17 +272,20 @@ def _native_ok(t: torch.Tensor) -> bool:
 def norm(t: torch.Tensor) -> float | torch.Tensor:
     """The L2 norm of ``t`` (a gradient: a sentinel step's total norm is made of these).
 
-    A plain contiguous CPU float tensor: the square root of the native kernel's sum of
-    squares, a float with the same bits as the ``norm`` statistic a full recording gives the
-    same tensor, whatever the CPU's vector width (torch's own reduction order depends on it).
+    A plain CPU float tensor: the square root of the native kernel's sum of squares, a float
+    with the same bits as the ``norm`` statistic a full recording gives the same tensor,
+    whatever the CPU's vector width (torch's own reduction order depends on it); a view (a
+    channels-last gradient) through the kernel's strided pass, which computes them all.
     Otherwise a 0-dim tensor from torch ops, with no host synchronization on an accelerator
     (accumulated in float32 for floats up to 32 bits: float64 widening is many times slower).
     """
-    if _native_ok(t) and t.is_contiguous() and (name := _name(t.dtype)) in native.SUMSQ_DTYPES:
-        k = native.kernel()
-        if k is not None:
+    if _native_ok(t) and (name := _name(t.dtype)) in native.SUMSQ_DTYPES and (k := native.kernel()) is not None:
+        if t.is_contiguous():
             sq = k.sumsq(t.data_ptr(), t.numel() * t.element_size(), name)
             return math.sqrt(sq) if sq >= 0 else sq
+        if 0 < t.dim() <= 16:
+            st = k.run_strided(t.data_ptr(), t.element_size(), tuple(t.shape), t.stride(), name)[1]
+            return math.sqrt(st[1]) if st and st[1] >= 0 else (st[1] if st else 0.0)
     small = t.is_floating_point() and t.element_size() <= 4
     return torch.linalg.vector_norm(t, dtype=torch.float32 if small else torch.float64)
 
