@@ -291,6 +291,31 @@ def test_captures_differing_in_training_diverge_at_step_0(name, captures, work, 
     assert first["kind"] in spec["first_kinds"], first
 
 
+# -- sentinel detail ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["lstm_sgd", "mingpt_trainer", "lightning_valtest"])
+def test_a_sentinel_capture_agrees_with_a_full_one_and_holds_its_gradient_norm(name, captures, work, env):
+    """``capture --detail sentinel`` of a hand-written SGD loop, a minGPT-style trainer (which
+    clips) and Lightning with validation and test: the same training steps as the full capture
+    of the same run, ``compare`` agrees on what both hold, and the gradient norm before
+    clipping is the full capture's, bit for bit, where the native kernel took both."""
+    from reprobisect import native
+
+    spec = SCRIPTS[name]
+    pf, full = captures.get(name)
+    sent = work / f"{name}-sentinel.trace"
+    ps = _run([*BISECT, "capture", "-o", str(sent), "--steps", str(spec.get("steps", STEPS)), "--detail", "sentinel",
+               "--json", "--", "python", str(CORPUS / spec["file"]), *spec["args"]], work, env)
+    assert pf.returncode == 0 and ps.returncode == 0, (_say(pf), _say(ps))
+    s, f = read_trace(sent), read_trace(full)
+    assert s.detail == "sentinel" and [x.step for x in s] == [x.step for x in f]
+    proc = _run([*BISECT, "compare", "--json", str(sent), str(full)], work, env)
+    assert proc.returncode == 0, _first(_json(proc))
+    norms = [(a.scalars.get("grad_norm"), b.scalars.get("grad_norm")) for a, b in zip(s, f)]
+    assert all(isinstance(a, float) and a > 0 for a, _ in norms), norms
+    if native.kernel() is not None:
+        assert all(a == b for a, b in norms), norms
+
+
 # -- data git ignores: bisect runs --link ------------------------------------------------------
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
