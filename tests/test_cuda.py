@@ -91,6 +91,35 @@ def test_nan_and_inf_counted_on_the_device():
     assert (s["nan"], s["inf"], s["mean"]) == (1, 2, "nan")
 
 
+def test_an_activation_on_the_device_is_not_held_and_its_nan_are_counted(tmp_path):
+    """Its NaN/Inf are counted on the device when it is fingerprinted, so the recorder need
+    not hold it past its backward (holding every activation to the step's end raised the
+    peak memory by about the gradients' size)."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    import reprobisect.torch as rt
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = []
+    model[0].register_forward_hook(lambda m, a, out: first.append(StorageWeakRef(out.untyped_storage())))
+    x = torch.ones(4, 8, device="cuda")
+    x[0, :2], x[1, 0] = float("nan"), float("-inf")
+    with rt.record(model, opt, trace=tmp_path / "t", steps=1):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        gc.collect()
+        assert first[-1].expired()
+        loss.backward()
+        opt.step()
+    recs = {(r.kind, r.name): r for r in read_trace(tmp_path / "t").steps[0].records}
+    assert (recs[("input", "input")].stats["nan"], recs[("input", "input")].stats["inf"]) == (2, 1)
+    assert recs[("activation", "0")].stats["nan"] >= 8
+
+
 def test_finish_many_over_two_devices_equals_one_by_one():
     ts = [torch.randn(5, device="cuda"), torch.randn(3 * ROW + 1), torch.randn(2 * ROW, device="cuda").to(torch.bfloat16),
           torch.arange(7, device="cuda"), torch.zeros(0, device="cuda"), torch.randn(100)]

@@ -167,9 +167,15 @@ class Pending:
     row_sums: torch.Tensor | np.ndarray  # ndarray: already on the host (native kernel)
     stats: torch.Tensor | list[float] | None  # [sum, norm, min, max] (float64 on device, or host floats)
     numel: int
-    counts: tuple[int, int] | None = None  # (nan, inf), when already counted
+    counts: tuple[int, int] | torch.Tensor | None = None  # (nan, inf), when already counted (on its device: int64)
     batch: Any = None  # a ``batched_torch.Batch`` holding this tensor's results (row_sums, stats unused)
     index: int = 0  # this tensor's place in ``batch``
+
+    @property
+    def needs_source(self) -> bool:
+        """Whether ``finish`` may still need the tensor itself (to count NaN/Inf when the sum
+        is not finite: the batched path); otherwise nothing need hold it."""
+        return self.counts is None and (self.stats is not None or self.batch is not None)
 
 
 _WIDE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
@@ -312,10 +318,12 @@ def _native_pending(t: torch.Tensor, name: str, nbytes: int, sums: np.ndarray, s
     stats: Any = None
     if coded and numel:
         stats = [st[0], math.sqrt(st[1]) if st[1] >= 0 else st[1], st[2], st[3]]
-    elif with_stats and not coded:
+        return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
+                       numel=numel, counts=(counts[0], counts[1]))
+    if with_stats and not coded:
         stats = _stats_tensor(t)  # a dtype the kernel has no statistics for (float8, uint32...)
     return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                   numel=numel, counts=(counts[0], counts[1]) if stats is not None and coded else None)
+                   numel=numel, counts=_counts(t, stats) if stats is not None else None)
 
 
 def begin_many(ts: list[torch.Tensor], with_stats: bool = True) -> list[Pending]:
@@ -369,7 +377,31 @@ def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
         row_sums=sums,
         stats=st,
         numel=t.numel(),
+        counts=_counts(t, st) if st is not None else None,
     )
+
+
+def _counts(t: torch.Tensor, st: torch.Tensor) -> tuple[int, int] | torch.Tensor:
+    """``t``'s NaN and Inf counts, taken now so that nobody need hold ``t`` to the step's
+    end (an activation held that long outlives its backward). On the host they cost a pass
+    only when the sum is not finite (a finite sum means neither); an accelerator counts on
+    the device, two reductions, rather than synchronising to look at the sum first."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return (0, 0)
+    if st.device.type == "cpu":
+        return (0, 0) if math.isfinite(st[0].item()) else _count_nonfinite(t)
+    d = t.float() if t.is_floating_point() and t.element_size() == 1 else t  # float8: no isnan/isinf kernels
+    return torch.stack([torch.isnan(d).sum(), torch.isinf(d).sum()])
+
+
+def _count_nonfinite(t: torch.Tensor) -> tuple[int, int]:
+    """``(nan, inf)`` of ``t`` on the host."""
+    d = t.detach()
+    if not (d.is_floating_point() or d.is_complex()):
+        return (0, 0)
+    if d.is_floating_point() and d.element_size() == 1:
+        d = d.float()  # float8: no isnan/isinf kernels
+    return int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
 
 
 def _json_float(x: float) -> float | str:
@@ -381,8 +413,9 @@ def _json_float(x: float) -> float | str:
 def finish(p: Pending, source: torch.Tensor | None = None) -> tuple[str, dict[str, Any] | None]:
     """Bring a pending fingerprint to the host: ``(fingerprint, stats)``.
 
-    NaN and Inf are counted only when the sum is not finite (a clean tensor costs no
-    extra pass); that needs ``source``, the tensor itself, still alive.
+    On the host NaN and Inf are counted only when the sum is not finite (a clean tensor
+    costs no extra pass), at ``begin``; a pending of the batched path counts them here, from
+    ``source``, the tensor itself, still alive (``Pending.needs_source``).
     """
     return finish_many([(p, source)])[0]
 
@@ -394,7 +427,7 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
     copied once (one synchronisation), instead of two copies per tensor. CPU pendings
     are read in place. Same values as ``finish`` one by one.
     """
-    host: list[tuple[np.ndarray, list[float] | None]] = [None] * len(items)  # type: ignore[list-item]
+    host: list[tuple[np.ndarray, list[float] | None, Any]] = [None] * len(items)  # type: ignore[list-item]
     by_device: dict[torch.device, list[int]] = {}
     batches: dict[torch.device, dict[int, Any]] = {}  # batched results not yet on the host
     for k, (p, _) in enumerate(items):
@@ -402,9 +435,9 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
             if p.batch.host is None:
                 batches.setdefault(p.batch.result.device, {})[id(p.batch)] = p.batch
         elif isinstance(p.row_sums, np.ndarray):
-            host[k] = (p.row_sums, p.stats if not isinstance(p.stats, torch.Tensor) else p.stats.tolist())
+            host[k] = (p.row_sums, p.stats if not isinstance(p.stats, torch.Tensor) else p.stats.tolist(), p.counts)
         elif p.row_sums.device.type == "cpu":
-            host[k] = (p.row_sums.numpy(), p.stats.tolist() if p.stats is not None else None)
+            host[k] = (p.row_sums.numpy(), p.stats.tolist() if p.stats is not None else None, p.counts)
         else:
             by_device.setdefault(p.row_sums.device, []).append(k)
     for device in set(by_device) | set(batches):
@@ -415,6 +448,8 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
             parts.append(p.row_sums)
             if p.stats is not None:
                 parts.append(p.stats.view(torch.int64))
+            if isinstance(p.counts, torch.Tensor):
+                parts.append(p.counts.to(torch.int64))
         group = list(batches.get(device, {}).values())
         parts += [b.result for b in group]
         flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy()
@@ -427,18 +462,22 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
             n = p.row_sums.numel()
             sums = flat[at : at + n]
             at += n
-            st = None
+            st, counts = None, p.counts
             if p.stats is not None:
                 st = flat[at : at + 4].view(np.float64).tolist()
                 at += 4
-            host[k] = (sums, st)
+            if isinstance(counts, torch.Tensor):
+                counts = (int(flat[at]), int(flat[at + 1]))
+                at += 2
+            host[k] = (sums, st, counts)
     for k, (p, _) in enumerate(items):
         if p.batch is not None:
-            host[k] = p.batch.item(p.index)
+            host[k] = (*p.batch.item(p.index), None)
     return [_finish_host(p, *host[k], source) for k, (p, source) in enumerate(items)]
 
 
-def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, source: torch.Tensor | None) -> tuple[str, dict[str, Any] | None]:
+def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, counts: tuple[int, int] | None,
+                 source: torch.Tensor | None) -> tuple[str, dict[str, Any] | None]:
     fp = finish_fingerprint(p.dtype, p.shape, p.nbytes, row_sums)
     if st is None:
         if p.numel == 0:
@@ -446,14 +485,10 @@ def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, sourc
         return fp, None
     s, norm, mn, mx = st
     nan = inf = 0
-    if p.counts is not None:
-        nan, inf = p.counts
-    elif not math.isfinite(s) and source is not None:
-        d = source.detach()
-        if d.is_floating_point() and d.element_size() == 1:
-            d = d.float()  # float8: no isnan/isinf kernels
-        nan = int(torch.isnan(d).sum()) if d.is_floating_point() or d.is_complex() else 0
-        inf = int(torch.isinf(d).sum()) if d.is_floating_point() or d.is_complex() else 0
+    if counts is not None:
+        nan, inf = counts
+    elif not math.isfinite(s) and source is not None:  # (the batched path: counted here, from the tensor)
+        nan, inf = _count_nonfinite(source)
     mean = s / p.numel
     if math.isfinite(norm + mn + mx + mean):  # all four finite (NaN/Inf, or an overflow: one by one)
         return fp, {"norm": norm, "min": mn, "max": mx, "mean": mean, "nan": nan, "inf": inf}

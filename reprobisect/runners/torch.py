@@ -399,19 +399,20 @@ class TorchRecorder:
         """``_begin`` for tensors ready at one moment: the cache misses are fingerprinted
         together (``batched_torch``: a constant number of device ops per device and dtype)."""
         out: list[Any] = [None] * len(ts)
-        miss: list[int] = []
+        miss: list[tuple[int, int | None]] = []
+        cache = self._cache
         for k, t in enumerate(ts):
-            hit = self._cache.get(id(t))
+            hit = cache.get(id(t))
             v = _version(t)
-            if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
+            if v is not None and hit is not None and hit[1] == v and hit[0]() is t:
                 out[k] = hit[2]
             else:
-                miss.append(k)
-        for k, p in zip(miss, batched_torch.begin_many([_local(ts[k]) for k in miss], with_stats=self.policy.stats)):
+                miss.append((k, v))
+        begun = batched_torch.begin_many([_local(ts[k]) for k, _ in miss], with_stats=self.policy.stats)
+        for (k, v), p in zip(miss, begun):
             out[k] = p
-            v = _version(ts[k])
             if v is not None:
-                self._cache[id(ts[k])] = (weakref.ref(ts[k]), v, p)
+                cache[id(ts[k])] = (weakref.ref(ts[k]), v, p)
         return out
 
     def _add_many(self, items: list[tuple[str, str, torch.Tensor]]) -> list[fpt.Pending | None]:
@@ -445,16 +446,16 @@ class TorchRecorder:
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         if pending is None:
             pending = fpt.begin(_local(t), with_stats=self.policy.stats) if fresh else self._begin(t)
-        t = _local(t.detach())
-        # the tensor itself only while ``finish_many`` may still have to count its NaN/Inf (the
-        # native kernel counts them at once): held to the step's end, every activation would
-        # outlive its backward, and the allocator takes fresh pages from the OS each step
-        # (11,000 page faults a step on the example transformer, 12% of its step time)
-        source = t if pending.counts is None else None
-        e = _Entry(kind=kind, name=name, pending=pending, source=source, module=module, inputs=inputs)
+        # the tensor itself only while ``finish_many`` may still have to count its NaN/Inf:
+        # held to the step's end, every activation would outlive its backward (and on CPU the
+        # allocator took fresh pages from the OS every step: 11,000 page faults a step on the
+        # example transformer, 12% of its step time)
+        keep = pending.needs_source
+        if keep or self._full:
+            t = _local(t.detach())
+        e = _Entry(kind, name, pending, t if keep else None, module, inputs, seq=len(self._entries))
         if self._full:
             self._keep_array(e, t)
-        e.seq = len(self._entries)
         self._entries.append(e)
         return pending
 
