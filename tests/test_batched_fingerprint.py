@@ -73,7 +73,7 @@ def test_batched_fingerprints_equal_the_reference_and_stats_the_per_tensor_path(
     pend = bt.begin_many(tensors)
     assert all(p.batch is not None for p in pend)  # every one took the batched path
     assert len({id(p.batch) for p in pend}) == len(DTYPES)  # one batch per dtype
-    got = fpt.finish_many([(p, t) for p, t in zip(pend, tensors)])
+    got = fpt.finish_many(pend)
     bt.force(False)
     for t, (fp, st) in zip(tensors, got):
         assert fp == _reference(t), (t.dtype, tuple(t.shape))
@@ -85,7 +85,7 @@ def test_without_stats_and_the_layout_is_reused(tensors) -> None:
     first = bt.begin_many(tensors[:5], with_stats=False)
     again = bt.begin_many([t + 0 for t in tensors[:5]], with_stats=False)
     assert len(bt._layouts) >= 1 and first[0].batch is not again[0].batch
-    got = fpt.finish_many([(p, None) for p in first + again])
+    got = fpt.finish_many(first + again)
     for t, (fp, st) in zip(tensors[:5] * 2, got):
         assert fp == _reference(t) and st is None
 
@@ -93,7 +93,7 @@ def test_without_stats_and_the_layout_is_reused(tensors) -> None:
 def test_layouts_sharing_the_scratch_buffer_see_zero_padding() -> None:
     big, small = torch.full((300,), 7.0), torch.tensor([1.0, -2.0, 3.0])  # big writes where small pads
     for ts in ([big], [small], [big, small], [small]):
-        got = fpt.finish_many([(p, t) for p, t in zip(bt.begin_many(ts), ts)])
+        got = fpt.finish_many(bt.begin_many(ts))
         assert [fp for fp, _ in got] == [_reference(t) for t in ts]
         assert [st["max"] for _, st in got] == [float(t.max()) for t in ts]
 
@@ -102,7 +102,7 @@ def test_mixed_eligible_and_other_tensors_keep_their_order() -> None:
     ts = [torch.arange(10), torch.randn(7), torch.zeros(0), torch.randn(3, dtype=torch.complex64), torch.randn(5)]
     pend = bt.begin_many(ts)
     assert [p.batch is not None for p in pend] == [False, True, False, False, True]
-    for t, (fp, _st) in zip(ts, fpt.finish_many([(p, t) for p, t in zip(pend, ts)])):
+    for t, (fp, _st) in zip(ts, fpt.finish_many(pend)):
         assert fp == fpt.fingerprint(t)
 
 
@@ -110,7 +110,7 @@ def test_nan_and_inf_are_counted_and_min_max_ignore_padding() -> None:
     a = torch.tensor([1.0, float("nan"), float("inf"), -2.0])
     b = torch.full((300,), 5.0)  # padding zeros must not become its min
     c = torch.full((4097,), -3.0)  # nor the max of a tensor that spans two rows
-    (_, sa), (_, sb), (_, sc) = fpt.finish_many(list(zip(bt.begin_many([a, b, c]), [a, b, c])))
+    (_, sa), (_, sb), (_, sc) = fpt.finish_many(bt.begin_many([a, b, c]))
     assert sa["nan"] == 1 and sa["inf"] == 1
     assert sb["min"] == sb["max"] == 5.0 and sc["min"] == sc["max"] == -3.0
     assert sc["mean"] == -3.0 and sc["norm"] == pytest.approx(3.0 * math.sqrt(4097))
@@ -120,7 +120,7 @@ def test_nothing_raises_under_deterministic_algorithms(tensors) -> None:
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        got = fpt.finish_many([(p, t) for p, t in zip(bt.begin_many(tensors), tensors)])
+        got = fpt.finish_many(bt.begin_many(tensors))
     finally:
         torch.use_deterministic_algorithms(was)
     assert [fp for fp, _ in got] == [_reference(t) for t in tensors]
@@ -170,5 +170,5 @@ def test_batches_are_cut_by_bytes_and_huge_tensors_go_alone(tensors, monkeypatch
     pend = bt.begin_many(tensors)
     assert len({id(p.batch) for p in pend if p.batch is not None}) > len(DTYPES)
     assert any(p.batch is None for p in pend)  # over MAX_TENSOR_BYTES: the per-tensor path
-    got = fpt.finish_many([(p, t) for p, t in zip(pend, tensors)])
+    got = fpt.finish_many(pend)
     assert [fp for fp, _ in got] == [_reference(t) for t in tensors]

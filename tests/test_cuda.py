@@ -124,7 +124,7 @@ def test_finish_many_over_two_devices_equals_one_by_one():
     ts = [torch.randn(5, device="cuda"), torch.randn(3 * ROW + 1), torch.randn(2 * ROW, device="cuda").to(torch.bfloat16),
           torch.arange(7, device="cuda"), torch.zeros(0, device="cuda"), torch.randn(100)]
     pend = [ft.begin(t) for t in ts]
-    assert ft.finish_many([(p, t) for p, t in zip(pend, ts)]) == [ft.finish(p, source=t) for p, t in zip(pend, ts)]
+    assert ft.finish_many(pend) == [ft.finish(p) for p in pend]
 
 
 def _record(prog: list[str], trace: Path, *opts: str, steps: int = 3) -> Path:
@@ -265,7 +265,7 @@ def test_batched_fingerprints_on_the_device_equal_the_host_reference():
     torch.use_deterministic_algorithms(True)
     try:
         pend = bt.begin_many(ts)
-        got = ft.finish_many([(p, t) for p, t in zip(pend, ts)])
+        got = ft.finish_many(pend)
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(p.batch is not None for p in pend)

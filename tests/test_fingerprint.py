@@ -253,7 +253,7 @@ def test_torch_stats_count_nan_and_inf():
 def test_begin_finish_defers_the_host_copy():
     ts = [torch.randn(100), torch.randn(ROW * 2 + 1)]
     pend = [ft.begin(t) for t in ts]
-    got = [ft.finish(p, source=t) for p, t in zip(pend, ts)]
+    got = [ft.finish(p) for p in pend]
     assert [g[0] for g in got] == [fingerprint(t.numpy()) for t in ts]
 
 
@@ -542,8 +542,7 @@ def test_finish_many_equals_finish_one_by_one():
     ts = [torch.randn(5), torch.randn(3 * ROW + 1), torch.randn(2 * ft._STATS_BLOCK + 3).to(torch.bfloat16),
           torch.tensor([1.0, float("nan"), float("inf")]), torch.arange(7), torch.zeros(0)]
     pend = [ft.begin(t) for t in ts] + [ft.begin(ts[1], with_stats=False)]
-    srcs = ts + [ts[1]]
-    assert ft.finish_many(list(zip(pend, srcs))) == [ft.finish(p, source=t) for p, t in zip(pend, srcs)]
+    assert ft.finish_many(pend) == [ft.finish(p) for p in pend]
     assert ft.finish_many([]) == []
 
 
@@ -558,8 +557,8 @@ def test_begin_many_equals_begin_one_by_one():
           torch.randn(6).neg(), torch.randn(6)._neg_view(), torch.tensor(3.5), torch.ones(5, dtype=torch.bool),
           torch.randint(0, 9, (11,), dtype=torch.uint32)]
     for with_stats in (True, False):
-        many = ft.finish_many([(p, t) for p, t in zip(ft.begin_many(ts, with_stats=with_stats), ts)])
-        one = [ft.finish(ft.begin(t, with_stats=with_stats), source=t) for t in ts]
+        many = ft.finish_many(ft.begin_many(ts, with_stats=with_stats))
+        one = [ft.finish(ft.begin(t, with_stats=with_stats)) for t in ts]
         assert many == one, with_stats
         assert all(type(v) in (int, float, str) for _, st in many if st for v in st.values())  # plain JSON values
     assert ft.begin_many([]) == []

@@ -1,13 +1,13 @@
 """What the PyTorch recorder keeps alive, and that what it lets go of costs it nothing.
 
-A recorded tensor whose fingerprint and statistics are already on the host (the native
-kernel counts NaN/Inf in the same call) must not be held to the step's end: an activation
-held past its backward raises the step's peak memory, and on CPU the allocator then takes
-fresh pages from the OS every step (11,000 page faults a step on the example transformer,
-more than half of what recording added to its step). The torch-op path (an accelerator's,
-and a CPU's without the kernel) counts them when it begins, on the host only when the sum
-is not finite; only the batched path's tensors (parameters, gradients, optimizer state:
-alive anyway) are held to be counted at the step's end. The counts are right on every path.
+A recorded tensor must not be held to the step's end: an activation held past its
+backward raises the step's peak memory, and on CPU the allocator then takes fresh pages
+from the OS every step (11,000 page faults a step on the example transformer, more than
+half of what recording added to its step). So every path takes everything a record needs
+when the tensor is begun, NaN/Inf counts included: the native kernel in its one pass, the
+torch-op path (an accelerator's, and a CPU's without the kernel) on the host only when the
+sum is not finite, the batched path in its per-slot statistics. The counts are right on
+every path.
 """
 
 from __future__ import annotations

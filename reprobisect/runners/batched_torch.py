@@ -20,8 +20,9 @@ tensors:
    per-row sums of ``reprobisect.trace.fingerprint`` (exact integer arithmetic modulo
    2**64: bit-identical to the host reference, in any order);
 3. statistics per slot (float64 sum, sum of squares, min and max, the padding masked by
-   repeating the slot's first element), combined per tensor by one ``index_select`` into
-   a padded table per class of slot counts (powers of 4) and one reduction each;
+   repeating the slot's first element, and the NaN and Inf counts), combined per tensor by
+   one ``index_select`` into a padded table per class of slot counts (powers of 4) and one
+   reduction each;
 4. the results of the group are one int64 tensor on the device; ``fingerprint_torch.
    finish_many`` brings every group of a step to the host in one copy per device.
 
@@ -57,6 +58,7 @@ _BLOCK_ROWS = 4096  # rows of ROW lanes per block of int64 scratch (64 MiB of fl
 _MAX_LAYOUTS = 64
 MAX_BATCH_BYTES = 256 << 20  # packed bytes per batch: bounds the scratch memory the path holds
 MAX_TENSOR_BYTES = 64 << 20  # larger tensors take the per-tensor path (their launches are amortised)
+_STATS = 6  # per slot and per tensor: sum, sum of squares, min, max, NaN count, Inf count
 _forced: bool | None = None
 _layouts: "OrderedDict[tuple, _Layout]" = OrderedDict()
 _scratch: dict[tuple[torch.device, torch.dtype], list[Any]] = {}  # -> [buffer, layout that last filled it]
@@ -155,7 +157,8 @@ class _Layout:
         for cl in self.classes:
             self._mask(cl, starts, numels, es)
         self.combines = self._combines(device)
-        self.neutral = torch.tensor([[0.0], [0.0], [float("inf")], [float("-inf")]], dtype=torch.float64, device=device)
+        self.neutral = torch.tensor([[0.0], [0.0], [float("inf")], [float("-inf")], [0.0], [0.0]], dtype=torch.float64,
+                                    device=device)
 
     def fill(self, ts: list[torch.Tensor]) -> None:
         """Copy ``ts`` into this layout's place in the shared scratch buffer (one op), its
@@ -243,8 +246,9 @@ def _layout(device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, .
 
 
 class Batch:
-    """The device results of one group: row sums of every slot, then 4 statistics per
-    tensor (float64 bits); read on the host once, by ``fingerprint_torch.finish_many``."""
+    """The device results of one group: row sums of every slot, then per tensor its 4
+    statistics and its NaN and Inf counts (float64 bits); read on the host once, by
+    ``fingerprint_torch.finish_many``."""
 
     def __init__(self, result: torch.Tensor, rows: list[tuple[int, int]], stat_at: list[int] | None,
                  total_slots: int) -> None:
@@ -255,17 +259,18 @@ class Batch:
         self.host: np.ndarray | None = None
         self._stats: list[list[float]] | None = None
 
-    def item(self, k: int) -> tuple[np.ndarray, list[float] | None]:
-        """Tensor ``k``'s row sums and ``[sum, norm, min, max]`` (the host copy is made)."""
+    def item(self, k: int) -> tuple[np.ndarray, list[float] | None, tuple[int, int] | None]:
+        """Tensor ``k``'s row sums, ``[sum, norm, min, max]`` and ``(nan, inf)`` (the host
+        copy is made)."""
         assert self.host is not None
         s0, n = self.rows[k]
         sums = self.host[s0 : s0 + n]
         if self.stat_at is None:
-            return sums, None
+            return sums, None, None
         if self._stats is None:
-            self._stats = self.host[self.total_slots :].view(np.float64).reshape(4, -1).T.tolist()
-        s, sq, mn, mx = self._stats[self.stat_at[k]]
-        return sums, [s, math.sqrt(sq) if sq >= 0 else sq, mn, mx]
+            self._stats = self.host[self.total_slots :].view(np.float64).reshape(_STATS, -1).T.tolist()
+        s, sq, mn, mx, nan, inf = self._stats[self.stat_at[k]]
+        return sums, [s, math.sqrt(sq) if sq >= 0 else sq, mn, mx], (int(nan), int(inf))
 
 
 def _row_sums(lay: _Layout) -> torch.Tensor:
@@ -281,20 +286,24 @@ def _row_sums(lay: _Layout) -> torch.Tensor:
 
 
 def _stats_of(xb: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(4, rows) float64: sum, sum of squares, min, max of each row of ``xb``; ``mask``
-    marks the real elements (padding is zero: it changes no sum; for min/max it takes the
-    row's first value, always a real one)."""
+    """(6, rows) float64: sum, sum of squares, min, max, NaN and Inf counts of each row of
+    ``xb``; ``mask`` marks the real elements (padding is zero: it changes no sum or count;
+    for min/max it takes the row's first value, always a real one). Counted here, when the
+    tensors are begun, their counts are of the values their statistics are of (a gradient
+    clipped in place before the step's end would otherwise be counted after clipping)."""
     f64 = torch.float64
     s = torch.sum(xb, 1, dtype=f64)
     q = torch.linalg.vector_norm(xb, dim=1, dtype=f64)
+    nan = torch.isnan(xb).sum(1, dtype=f64)
+    inf = torch.isinf(xb).sum(1, dtype=f64)
     if mask is not None:
         xb = torch.where(mask, xb, xb[:, :1])
     mn, mx = torch.aminmax(xb, dim=1)
-    return torch.stack([s, q * q, mn.to(f64), mx.to(f64)])
+    return torch.stack([s, q * q, mn.to(f64), mx.to(f64), nan, inf])
 
 
 def _slot_stats(lay: _Layout) -> torch.Tensor:
-    """(4, columns) float64 statistics per slot, the neutral column, then the ROW class's
+    """(6, columns) float64 statistics per slot, the neutral column, then the ROW class's
     padded slots masked (``_Layout._combines`` reads them in place of the unmasked ones)."""
     parts, late = [], []
     for cl in lay.classes:
@@ -309,7 +318,7 @@ def _slot_stats(lay: _Layout) -> torch.Tensor:
 
 
 def _tensor_stats(lay: _Layout, slot: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-    """(4, tensors) float64 statistics and each tensor's column in it."""
+    """(6, tensors) float64 statistics and counts, and each tensor's column in it."""
     cols = [0] * len(lay.rows)
     parts = []
     at = 0
@@ -318,11 +327,12 @@ def _tensor_stats(lay: _Layout, slot: torch.Tensor) -> tuple[torch.Tensor, list[
         if cb.width == 1:
             parts.append(g)
         else:
-            g = g.view(4, len(cb.tensors), cb.width)
+            g = g.view(_STATS, len(cb.tensors), cb.width)
             s = g[:2].sum(2)
             mn = g[2:3].amin(2)
             mx = g[3:4].amax(2)
-            parts.append(torch.cat([s, mn, mx]))
+            counts = g[4:].sum(2)
+            parts.append(torch.cat([s, mn, mx, counts]))
         for j, k in enumerate(cb.tensors):
             cols[k] = at + j
         at += len(cb.tensors)

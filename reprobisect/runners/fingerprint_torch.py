@@ -171,12 +171,6 @@ class Pending:
     batch: Any = None  # a ``batched_torch.Batch`` holding this tensor's results (row_sums, stats unused)
     index: int = 0  # this tensor's place in ``batch``
 
-    @property
-    def needs_source(self) -> bool:
-        """Whether ``finish`` may still need the tensor itself (to count NaN/Inf when the sum
-        is not finite: the batched path); otherwise nothing need hold it."""
-        return self.counts is None and (self.stats is not None or self.batch is not None)
-
 
 _WIDE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 _STATS_BLOCK = 1 << 15  # elements: a 256 KiB float64 scratch, at ATen's grain size (no fork per block)
@@ -386,22 +380,16 @@ def _counts(t: torch.Tensor, st: torch.Tensor) -> tuple[int, int] | torch.Tensor
     end (an activation held that long outlives its backward). On the host they cost a pass
     only when the sum is not finite (a finite sum means neither); an accelerator counts on
     the device, two reductions, rather than synchronising to look at the sum first."""
+    t = t.detach()
     if not (t.is_floating_point() or t.is_complex()):
         return (0, 0)
-    if st.device.type == "cpu":
-        return (0, 0) if math.isfinite(st[0].item()) else _count_nonfinite(t)
-    d = t.float() if t.is_floating_point() and t.element_size() == 1 else t  # float8: no isnan/isinf kernels
-    return torch.stack([torch.isnan(d).sum(), torch.isinf(d).sum()])
-
-
-def _count_nonfinite(t: torch.Tensor) -> tuple[int, int]:
-    """``(nan, inf)`` of ``t`` on the host."""
-    d = t.detach()
-    if not (d.is_floating_point() or d.is_complex()):
+    on_host = st.device.type == "cpu"
+    if on_host and math.isfinite(st[0].item()):
         return (0, 0)
-    if d.is_floating_point() and d.element_size() == 1:
-        d = d.float()  # float8: no isnan/isinf kernels
-    return int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
+    if t.is_floating_point() and t.element_size() == 1:
+        t = t.float()  # float8: no isnan/isinf kernels
+    counts = torch.stack([torch.isnan(t).sum(), torch.isinf(t).sum()])
+    return (int(counts[0]), int(counts[1])) if on_host else counts
 
 
 def _json_float(x: float) -> float | str:
@@ -410,17 +398,18 @@ def _json_float(x: float) -> float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
-def finish(p: Pending, source: torch.Tensor | None = None) -> tuple[str, dict[str, Any] | None]:
+def finish(p: Pending) -> tuple[str, dict[str, Any] | None]:
     """Bring a pending fingerprint to the host: ``(fingerprint, stats)``.
 
-    On the host NaN and Inf are counted only when the sum is not finite (a clean tensor
-    costs no extra pass), at ``begin``; a pending of the batched path counts them here, from
-    ``source``, the tensor itself, still alive (``Pending.needs_source``).
+    Everything was computed when it was begun, NaN and Inf counts included (on the host
+    only when the sum is not finite: a clean tensor costs no extra pass), so nothing need
+    hold the tensor until now: an activation held to the step's end would outlive its
+    backward.
     """
-    return finish_many([(p, source)])[0]
+    return finish_many([p])[0]
 
 
-def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[str, dict[str, Any] | None]]:
+def finish_many(items: list[Pending]) -> list[tuple[str, dict[str, Any] | None]]:
     """``finish`` for many pendings, with one host transfer per accelerator device.
 
     The row sums and stats of every pending on one device are concatenated there and
@@ -430,7 +419,7 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
     host: list[tuple[np.ndarray, list[float] | None, Any]] = [None] * len(items)  # type: ignore[list-item]
     by_device: dict[torch.device, list[int]] = {}
     batches: dict[torch.device, dict[int, Any]] = {}  # batched results not yet on the host
-    for k, (p, _) in enumerate(items):
+    for k, p in enumerate(items):
         if p.batch is not None:
             if p.batch.host is None:
                 batches.setdefault(p.batch.result.device, {})[id(p.batch)] = p.batch
@@ -444,7 +433,7 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
         ks = by_device.get(device, [])
         parts = []
         for k in ks:
-            p = items[k][0]
+            p = items[k]
             parts.append(p.row_sums)
             if p.stats is not None:
                 parts.append(p.stats.view(torch.int64))
@@ -458,7 +447,7 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
             b.host, end = flat[end - b.result.numel() : end], end - b.result.numel()
         at = 0
         for k in ks:
-            p = items[k][0]
+            p = items[k]
             n = p.row_sums.numel()
             sums = flat[at : at + n]
             at += n
@@ -470,25 +459,21 @@ def finish_many(items: list[tuple[Pending, torch.Tensor | None]]) -> list[tuple[
                 counts = (int(flat[at]), int(flat[at + 1]))
                 at += 2
             host[k] = (sums, st, counts)
-    for k, (p, _) in enumerate(items):
+    for k, p in enumerate(items):
         if p.batch is not None:
-            host[k] = (*p.batch.item(p.index), None)
-    return [_finish_host(p, *host[k], source) for k, (p, source) in enumerate(items)]
+            host[k] = p.batch.item(p.index)
+    return [_finish_host(p, *host[k]) for k, p in enumerate(items)]
 
 
-def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None, counts: tuple[int, int] | None,
-                 source: torch.Tensor | None) -> tuple[str, dict[str, Any] | None]:
+def _finish_host(p: Pending, row_sums: np.ndarray, st: list[float] | None,
+                 counts: tuple[int, int] | None) -> tuple[str, dict[str, Any] | None]:
     fp = finish_fingerprint(p.dtype, p.shape, p.nbytes, row_sums)
     if st is None:
         if p.numel == 0:
             return fp, {"norm": 0.0, "min": "nan", "max": "nan", "mean": "nan", "nan": 0, "inf": 0}
         return fp, None
     s, norm, mn, mx = st
-    nan = inf = 0
-    if counts is not None:
-        nan, inf = counts
-    elif not math.isfinite(s) and source is not None:  # (the batched path: counted here, from the tensor)
-        nan, inf = _count_nonfinite(source)
+    nan, inf = counts if counts is not None else (0, 0)
     mean = s / p.numel
     if math.isfinite(norm + mn + mx + mean):  # all four finite (NaN/Inf, or an overflow: one by one)
         return fp, {"norm": norm, "min": mn, "max": mx, "mean": mean, "nan": nan, "inf": inf}
@@ -508,4 +493,4 @@ def fingerprint(t: torch.Tensor) -> str:
 
 
 def fingerprint_and_stats(t: torch.Tensor) -> tuple[str, dict[str, Any] | None]:
-    return finish(begin(t), source=t)
+    return finish(begin(t))

@@ -179,7 +179,6 @@ class _Entry:
     kind: str
     name: str
     pending: fpt.Pending | None = None
-    source: torch.Tensor | None = None
     module: str | None = None
     inputs: list[fpt.Pending] | None = None
     array: np.ndarray | None = None
@@ -446,16 +445,13 @@ class TorchRecorder:
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         if pending is None:
             pending = fpt.begin(_local(t), with_stats=self.policy.stats) if fresh else self._begin(t)
-        # the tensor itself only while ``finish_many`` may still have to count its NaN/Inf:
-        # held to the step's end, every activation would outlive its backward (and on CPU the
-        # allocator took fresh pages from the OS every step: 11,000 page faults a step on the
-        # example transformer, 12% of its step time)
-        keep = pending.needs_source
-        if keep or self._full:
-            t = _local(t.detach())
-        e = _Entry(kind, name, pending, t if keep else None, module, inputs, seq=len(self._entries))
+        # the pending holds everything the record needs: not the tensor, which held to the
+        # step's end would outlive its backward (an activation; on CPU the allocator then took
+        # fresh pages from the OS every step: 11,000 page faults a step on the example
+        # transformer, 12% of its step time)
+        e = _Entry(kind, name, pending, module, inputs, seq=len(self._entries))
         if self._full:
-            self._keep_array(e, t)
+            self._keep_array(e, _local(t.detach()))
         self._entries.append(e)
         return pending
 
@@ -960,7 +956,7 @@ class TorchRecorder:
         with torch.no_grad():
             for t in _tensors(output):
                 if _fingerprintable(t) and len(outs) < _EVAL_OUTPUTS:
-                    outs.append((fpt.begin(t, with_stats=False), None))
+                    outs.append(fpt.begin(t, with_stats=False))
 
     def _eval_batch(self, ids: np.ndarray | None, phase: str | None = None, run: dict[str, Any] | None = None) -> None:
         if run is None or not any(r is run for r in self._eval_runs):
@@ -1026,7 +1022,7 @@ class TorchRecorder:
             e.seq = len(self._entries)
             self._entries.append(e)
         for i, pending, t in b.tensors:
-            e = _Entry(kind="batch", name=self._unique("batch", f"data[{i}]"), pending=pending, source=t)
+            e = _Entry(kind="batch", name=self._unique("batch", f"data[{i}]"), pending=pending)
             if self._full:
                 self._keep_array(e, t)
             e.seq = len(self._entries)
@@ -1149,7 +1145,7 @@ class TorchRecorder:
                     self._pre_clip.append(seen[2])
                     continue
                 g = seen[0]()
-                e = _Entry(kind="grad", name=self._unique("grad", name), pending=seen[3], source=g)
+                e = _Entry(kind="grad", name=self._unique("grad", name), pending=seen[3])
                 if self._full and g is not None and _version(g) == seen[1]:
                     self._keep_array(e, g)
                 e.seq = len(self._entries)
@@ -1449,16 +1445,15 @@ class TorchRecorder:
         """The step's records in trace order, and every finished pending by id (fingerprint, stats)."""
         records: list[tuple[_Entry, Record]] = []
         # every distinct pending of the step, finished together: one host transfer per device
-        todo: dict[int, tuple[fpt.Pending, torch.Tensor | None]] = {}
+        todo: dict[int, fpt.Pending] = {}
         for e in self._entries:
-            if e.pending is not None and id(e.pending) not in todo:
-                todo[id(e.pending)] = (e.pending, e.source)
-        for e in self._entries:
+            if e.pending is not None:
+                todo.setdefault(id(e.pending), e.pending)
             for q in e.inputs or ():
-                todo.setdefault(id(q), (q, None))
+                todo.setdefault(id(q), q)
         for q in self._pre_clip:
             if isinstance(q, fpt.Pending):
-                todo.setdefault(id(q), (q, None))
+                todo.setdefault(id(q), q)
         done_pending: dict[int, tuple[str, dict | None]] = dict(zip(todo, fpt.finish_many(list(todo.values()))))
         # in trace order, each record made with its place (the writer then keeps it as it is)
         entries = sorted(self._entries, key=lambda e: e.chain or (_KIND_RANK[e.kind], e.seq))

@@ -248,7 +248,6 @@ class ZoomRecorder:
                 pending_in,
                 [(tuple(t.shape), fpt.dtype_name(t.dtype)) for t in ins],
                 fpt.begin(first),
-                first.detach(),
                 [fpt.begin(t, with_stats=False) for t in outs[1:]],
                 scalars,
             )
@@ -262,8 +261,8 @@ class ZoomRecorder:
             if entry[0] is _CALL_MARK:
                 self._marks.append(self._call_record(entry[1], entry[2]))
                 continue
-            name, op, i, call, inner, p_in, in_meta, p_out, src, p_more, scalars = entry
-            fp, st = fpt.finish(p_out, source=src)
+            name, op, i, call, inner, p_in, in_meta, p_out, p_more, scalars = entry
+            fp, st = fpt.finish(p_out)
             meta = {
                 "zoom": True,
                 "op": op,
@@ -312,7 +311,7 @@ class ZoomRecorder:
         """The marker of one zoomed call (``meta.ran`` with its op count), or with ``call``
         None of a zoom step in which the module did not run (``call_record_name``)."""
         empty = torch.empty(0)
-        fp, _ = fpt.finish(fpt.begin(empty, with_stats=False), source=empty)
+        fp, _ = fpt.finish(fpt.begin(empty, with_stats=False))
         return Record(
             name=call_record_name(self.module_name, call),
             kind="activation",

@@ -297,8 +297,8 @@ def throughput(sizes_mib: list[int], repeats: int = 5) -> list[dict]:
         t = torch.randn(mib << 18, device=DEVICE)
         copy_s = _copy_seconds(t.numel() * 4, repeats)
         row: dict = {"mib": mib, "copy_s": round(copy_s, 6)}
-        paths = {"per_tensor": lambda s: fpt.finish_many([(fpt.begin(t, with_stats=s), t)]),
-                 "batched": lambda s: fpt.finish_many([(p, t) for p in batched_torch.begin_many([t], with_stats=s)])}
+        paths = {"per_tensor": lambda s, t=t: fpt.finish_many([fpt.begin(t, with_stats=s)]),
+                 "batched": lambda s, t=t: fpt.finish_many(batched_torch.begin_many([t], with_stats=s))}
         batched_torch.force(True)
         try:
             for path, fn in paths.items():
@@ -349,7 +349,7 @@ def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
         native.kernel = kernel if use_native else (lambda: None)
         try:
             t0 = time.perf_counter()
-            fpt.finish_many([(fpt.begin(t, with_stats=stats), t) for t in kept])
+            fpt.finish_many([fpt.begin(t, with_stats=stats) for t in kept])
             return time.perf_counter() - t0
         finally:
             native.kernel = kernel
