@@ -1,10 +1,13 @@
 """Exact-bit fingerprints and stats for torch tensors, computed on the tensor's device.
 
 Same algorithm and same values as ``reprobisect.trace.fingerprint`` (see its docstring);
-only the per-row sums and four statistics leave the device. ``begin`` queues the device
-work without synchronising, ``finish_many`` brings the small results of a whole step to
-the host in one transfer per device (``finish`` does one), so a recorder synchronises once
-per step. NaN/Inf are counted only for a tensor whose sum is not finite.
+only the per-row sums, four statistics and the NaN/Inf counts leave the device. ``begin``
+queues the device work without synchronising, ``finish_many`` brings the small results of
+a whole step to the host in one transfer per device (``finish`` does one), so a recorder
+synchronises once per step. Everything is taken at ``begin``, so nobody need hold the
+tensor until ``finish``. On the host NaN/Inf are counted only for a tensor whose sum is not
+finite; an accelerator counts them with the statistics (looking at the sum first would
+synchronise).
 
 Many tensors ready at one moment (the parameters after a step, their gradients, the
 optimizer's state) on an accelerator go through ``reprobisect.runners.batched_torch``
