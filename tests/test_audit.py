@@ -30,9 +30,11 @@ checks:
   - {name: det, check: repro}
   - {name: nondet, check: repro, env: {AUDIT_UNSEEDED: "1"}}
   - {name: gold, check: golden, golden: goldens/gold, noise_runs: 1}
-  - {name: noisy, check: golden, golden: goldens/noisy, noise_runs: 2, env: {AUDIT_NOISE: "1e-6"}}
+  # noise 1e-5: the float32 loss moves by many ulps; at 1e-6 one repeat often left it
+  # bit-identical at every step, and a band without the loss failed the next noisy run
+  - {name: noisy, check: golden, golden: goldens/noisy, noise_runs: 2, env: {AUDIT_NOISE: "1e-5"}}
   - {name: lr, check: golden, golden: goldens/gold, env: {AUDIT_LR: "0.2"}}
-  - {name: loud, check: golden, golden: goldens/noisy, env: {AUDIT_NOISE: "1e-2"}}
+  - {name: loud, check: golden, golden: goldens/noisy, env: {AUDIT_NOISE: "1e-1"}}
   - {name: tol, check: repro, env: {AUDIT_NOISE: "1e-7"}, tolerance: {atol: 1e-4, rtol: 0}}
   - {name: seeds, check: seeds, command: "python train.py --steps 4 --seed {seed}"}
   - {name: threads, check: envs, a: env.OMP_NUM_THREADS=1, b: env.OMP_NUM_THREADS=2}
