@@ -313,14 +313,15 @@ def _native_pending(t: torch.Tensor, name: str, nbytes: int, sums: np.ndarray, s
     statistics; a dtype it has none for gets them from torch ops)."""
     numel = t.numel()
     stats: Any = None
+    done: tuple[int, int] | torch.Tensor | None = None
     if coded and numel:
         stats = [st[0], math.sqrt(st[1]) if st[1] >= 0 else st[1], st[2], st[3]]
-        return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                       numel=numel, counts=(counts[0], counts[1]))
-    if with_stats and not coded:
+        done = (counts[0], counts[1])
+    elif with_stats and not coded:
         stats = _stats_tensor(t)  # a dtype the kernel has no statistics for (float8, uint32...)
+        done = _counts(t, stats)
     return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                   numel=numel, counts=_counts(t, stats) if stats is not None else None)
+                   numel=numel, counts=done)
 
 
 def begin_many(ts: list[torch.Tensor], with_stats: bool = True) -> list[Pending]:
@@ -374,15 +375,18 @@ def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
         row_sums=sums,
         stats=st,
         numel=t.numel(),
-        counts=_counts(t, st) if st is not None else None,
+        counts=_counts(t, st),
     )
 
 
-def _counts(t: torch.Tensor, st: torch.Tensor) -> tuple[int, int] | torch.Tensor:
-    """``t``'s NaN and Inf counts, taken now so that nobody need hold ``t`` to the step's
-    end (an activation held that long outlives its backward). On the host they cost a pass
-    only when the sum is not finite (a finite sum means neither); an accelerator counts on
-    the device, two reductions, rather than synchronising to look at the sum first."""
+def _counts(t: torch.Tensor, st: torch.Tensor | None) -> tuple[int, int] | torch.Tensor | None:
+    """``t``'s NaN and Inf counts (None without statistics ``st``), taken now so that nobody
+    need hold ``t`` to the step's end (an activation held that long outlives its backward).
+    On the host they cost a pass only when the sum is not finite (a finite sum means
+    neither); an accelerator counts on the device, two reductions, rather than
+    synchronising to look at the sum first."""
+    if st is None:
+        return None
     t = t.detach()
     if not (t.is_floating_point() or t.is_complex()):
         return (0, 0)

@@ -449,7 +449,7 @@ class TorchRecorder:
         # step's end would outlive its backward (an activation; on CPU the allocator then took
         # fresh pages from the OS every step: 11,000 page faults a step on the example
         # transformer, 12% of its step time)
-        e = _Entry(kind, name, pending, module, inputs, seq=len(self._entries))
+        e = _Entry(kind=kind, name=name, pending=pending, module=module, inputs=inputs, seq=len(self._entries))
         if self._full:
             self._keep_array(e, _local(t.detach()))
         self._entries.append(e)
