@@ -220,6 +220,37 @@ def test_a_later_capture_waits_for_the_last_and_sealing_waits_for_all(tmp_path, 
     assert {f"state/step-{k}/model.{ext}" for k in (0, 1) for ext in ("json", "safetensors")} <= set(files)
 
 
+def test_each_capture_holds_its_own_step_though_the_copies_reuse_one_buffer(tmp_path, monkeypatch):
+    """A later capture copies into the buffers of the last one (no fresh pages per capture),
+    only after the last one's files are written: every step's file holds that step's values."""
+    from reprobisect.trace import writer as writer_mod
+
+    go, real_save, handed = threading.Event(), shards.save, []
+
+    def save(tensors, *args, **kwargs):
+        handed.append(tensors["w"].ctypes.data)
+        assert go.wait(30)
+        return real_save(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(writer_mod.shards, "save", save)
+    live = np.zeros(1 << 16)
+    trace = tmp_path / "t"
+    with TraceWriter(trace) as w:
+        w.write_state(0, "model", {"w": live[:]}, {})
+        live += 1
+        later = threading.Thread(target=w.write_state, args=(1, "model", {"w": live[:]}, {}))
+        later.start()
+        later.join(0.3)
+        go.set()
+        later.join(30)
+        live += 1
+        w.write_state(2, "model", {"w": live.reshape(256, 256)}, {})  # another shape: its own buffer
+    for k in (0, 1, 2):
+        got = shards.load(trace / f"state/step-{k}/model.safetensors")["w"]
+        assert np.all(got == k), k
+    assert handed[0] == handed[1] != live.ctypes.data  # step 1 wrote from step 0's copy, not the live array
+
+
 def test_a_failed_state_write_stops_the_next_step_and_seals_the_trace_failed(tmp_path, monkeypatch):
     from reprobisect.trace import writer as writer_mod
 
