@@ -251,6 +251,36 @@ def test_each_capture_holds_its_own_step_though_the_copies_reuse_one_buffer(tmp_
     assert handed[0] == handed[1] != live.ctypes.data  # step 1 wrote from step 0's copy, not the live array
 
 
+def test_the_copies_of_a_state_too_large_to_hold_are_let_go_once_written(tmp_path, monkeypatch):
+    """Copies are kept for the next capture only while they are small beside the memory
+    available (a quarter of the background-write limit): a large state's copy must not sit
+    beside the training's own peak between captures."""
+    import gc
+    import weakref
+
+    from reprobisect.trace import writer as writer_mod
+
+    real_save, handed = shards.save, []
+
+    def save(tensors, *args, **kwargs):
+        handed.append(weakref.ref(tensors["w"]))
+        return real_save(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(writer_mod.shards, "save", save)
+    live = np.zeros(1 << 16)  # 512 KiB
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_state(0, "model", {"w": live[:]}, {})
+        w.drain()
+        gc.collect()
+        assert handed[-1]() is not None  # small: kept for the next capture
+        monkeypatch.setattr(writer_mod, "_ASYNC_STATE_MAX", 1 << 20)  # still written in the background...
+        w.write_state(1, "model", {"w": live[:]}, {})
+        w.drain()
+        gc.collect()
+        assert handed[-1]() is None  # ... but over a quarter of that limit: let go
+    assert np.all(shards.load(tmp_path / "t/state/step-1/model.safetensors")["w"] == 0)
+
+
 def test_a_failed_state_write_stops_the_next_step_and_seals_the_trace_failed(tmp_path, monkeypatch):
     from reprobisect.trace import writer as writer_mod
 

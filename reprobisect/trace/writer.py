@@ -334,7 +334,10 @@ class TraceWriter:
         """A private copy of ``a`` in the buffer the last capture used for the same tensor
         (same shape and dtype), else a new one: a fresh buffer of a large state costs its page
         faults at every capture (an MLP's 48 MB: 12.6 ms against 2.7 ms into a used buffer).
-        A buffer is lent to the pending writes and taken back when they are drained."""
+        A buffer is lent to the pending writes and taken back when they are drained, if the
+        capture's copies are at most a sixteenth of the memory available then (or 512 MiB):
+        a larger state is not held between captures, where it would add to the training's
+        own peak."""
         buf = self._state_buffers.pop((name, key), None)
         if buf is None or buf.shape != a.shape or buf.dtype != a.dtype:
             buf = np.empty(a.shape, dtype=a.dtype)
@@ -364,7 +367,8 @@ class TraceWriter:
         jobs, self._state_jobs, self._state_step = self._state_jobs, [], None
         for job in jobs:
             job.result()
-        self._state_buffers.update(self._state_lent)
+        if sum(buf.nbytes for _, buf in self._state_lent) <= _async_state_max() // 4:
+            self._state_buffers.update(self._state_lent)  # (kept for the next capture)
         self._state_lent = []
         self._raise_state_error()
 
