@@ -309,3 +309,13 @@ def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkey
             opt.step()
     assert rec.failed is None and max(calls) >= 16
     assert len(read_trace(tmp_path / "t").steps) == 4
+
+
+def test_a_device_tensors_state_is_copied_once_into_memory_numpy_owns():
+    from reprobisect.runners import torch_state
+
+    for dtype, ndtype in ((torch.float32, np.float32), (torch.bfloat16, ml_dtypes.bfloat16)):
+        t = torch.randn(64, 33, device="cuda").to(dtype)
+        a = torch_state._to_numpy(t, "w")
+        assert a.flags.owndata and a.dtype == ndtype and a.shape == (64, 33)
+        assert np.array_equal(a.view(np.uint8), t.cpu().contiguous().view(torch.uint8).numpy().reshape(64, -1))

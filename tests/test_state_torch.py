@@ -8,6 +8,7 @@ import pickle
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -174,6 +175,31 @@ def test_nested_state_round_trips_through_safetensors_and_json(tmp_path):
     fresh = Box()
     restore_state(tmp_path / "t", 2, {"box": fresh})
     assert torch.equal(fresh.s["bf16"], want["bf16"])
+
+
+def test_a_tensor_that_needs_a_copy_is_copied_once_into_memory_numpy_owns():
+    """A strided, conjugated or device tensor is copied once, into an array that owns its
+    memory, which the writer hands to its background thread without copying it again; a
+    contiguous CPU tensor is a view (the writer copies what it keeps)."""
+    import ml_dtypes
+
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = torch_state._to_numpy(base, "w")
+    assert not view.flags.owndata and np.shares_memory(view, base.numpy())
+    cases = {
+        "transposed": (base.t(), base.t().contiguous().numpy()),
+        "bf16 strided": (base.to(torch.bfloat16)[:, ::2], base[:, ::2].numpy().astype(ml_dtypes.bfloat16)),
+        "conjugated": (torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64).conj(),
+                       np.array([1 - 2j, 3 + 1j], dtype=np.complex64)),
+    }
+    for what, (t, want) in cases.items():
+        a = torch_state._to_numpy(t, what)
+        assert a.flags.owndata and a.flags.c_contiguous, what
+        assert a.dtype == want.dtype and a.shape == want.shape and np.array_equal(a, want), what
+    with TraceWriter(Path(tempfile.mkdtemp()) / "t") as w:  # kept as it is: no second copy
+        a = torch_state._to_numpy(base.t(), "w")
+        w.write_state(0, "m", {"w": a}, {})
+        assert w._state_jobs and not w._state_lent
 
 
 def test_rng_sources_round_trip_and_missing_sources_are_tolerated():

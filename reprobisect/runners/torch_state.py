@@ -85,15 +85,24 @@ def _ml_views() -> dict[torch.dtype, tuple[torch.dtype, Any]]:
 
 
 def _to_numpy(t: torch.Tensor, key: str) -> np.ndarray:
+    """``t`` as an array: a view of a contiguous CPU tensor's memory (the writer copies what it
+    keeps past the step), else one copy into memory NumPy owns (a device or strided tensor:
+    the writer then hands it to its background thread as it is, not copying it again)."""
     if t.layout != torch.strided or t.is_quantized:
         raise UsageError(f"cannot capture state '{key}': {t.layout} tensors are not supported; convert it to a dense tensor")
-    t = t.detach().cpu().contiguous()
-    view = _ml_views().get(t.dtype)
-    if view is not None:
-        return t.view(view[0]).numpy().view(view[1])
     if t.dtype == torch.complex128:
         raise UsageError(f"cannot capture state '{key}': complex128 tensors are not supported")
-    return t.numpy()
+    t = t.detach()
+    view = _ml_views().get(t.dtype)
+    if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        return t.view(view[0]).numpy().view(view[1]) if view is not None else t.numpy()
+    if view is not None:
+        out = np.empty(tuple(t.shape), dtype=view[1])
+        torch.from_numpy(out.view(torch.empty(0, dtype=view[0]).numpy().dtype)).view(t.dtype).copy_(t)
+    else:
+        out = np.empty(tuple(t.shape), dtype=torch.empty(0, dtype=t.dtype).numpy().dtype)
+        torch.from_numpy(out).copy_(t)
+    return out
 
 
 def _to_torch(a: np.ndarray, dtype_name: str) -> torch.Tensor:
