@@ -11,10 +11,11 @@ same saved model/optimizer/RNG state on the same batches (so that machine noise 
 MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a fresh
 recorder writing a real trace (its first, untimed step learns names and hooks; then
 ``--chunk`` timed steps), so with ``--chunk 50`` each sentinel chunk captures its complete
-state once, as ``--state-every 50`` does. Printed: each mode's total time over all chunks
+state once, as ``--state-every 50`` does, and its time includes the wait for that state's
+files (the rest of the background write, which the chunk's last step may not cover). Printed: each mode's total time over all chunks
 and its ratio to plain (wall and process CPU time), and the time spent inside the
-recorder (every hook, the step's end, writing, state capture: ``TorchRecorder.guarded``
-timed) per step and as ``1 + recorder time / plain time`` (``cost_ratio``): on a shared
+recorder (every hook, the step's end, writing: ``TorchRecorder.guarded`` timed; and the
+state captures, which the optimizer's hook defers to the next iteration's start) per step and as ``1 + recorder time / plain time`` (``cost_ratio``): on a shared
 machine whole-step ratios move by more than a sentinel costs, the recorder's own time
 does not.
 """
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import mlp as mlp_example  # noqa: E402
 import transformer as tf_example  # noqa: E402
 
+from reprobisect.runners import torch_state  # noqa: E402
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
 from reprobisect.trace.writer import TraceWriter  # noqa: E402
 
@@ -114,7 +116,11 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
             try:
                 run(step, data[:1])  # untimed: the recorder's first step (names, hooks, init records)
                 spent[0] = 0.0
+                t0, c0 = time.perf_counter(), time.process_time()
                 wall[mode].append(run(step, data[1:], cpu[mode]))
+                writer.drain()  # timed: the chunk's state written (a background write's rest)
+                wall[mode][-1] = time.perf_counter() - t0
+                cpu[mode][-1] = time.process_time() - c0
                 inside[mode] += spent[0]
             finally:
                 rec.remove()
@@ -136,22 +142,26 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
 
 
 def _time_recorder() -> list[float]:
-    """Time spent inside the recorder from now on (outermost ``guarded`` calls), in a one-item list."""
-    orig = TorchRecorder.guarded
+    """Time spent inside the recorder from now on (outermost ``guarded`` calls, and the state
+    captures a step hook defers to the next iteration's start), in a one-item list."""
     spent = [0.0, 0]
 
-    def guarded(self, *args, **kwargs):
-        if spent[1]:
-            return orig(self, *args, **kwargs)
-        spent[1] = 1
-        t0 = time.perf_counter()
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - t0
-            spent[1] = 0
+    def timed(orig):
+        def call(*args, **kwargs):
+            if spent[1]:
+                return orig(*args, **kwargs)
+            spent[1] = 1
+            t0 = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+                spent[1] = 0
 
-    TorchRecorder.guarded = guarded
+        return call
+
+    TorchRecorder.guarded = timed(TorchRecorder.guarded)
+    torch_state._capture_now = timed(torch_state._capture_now)
     return spent
 
 
