@@ -172,3 +172,35 @@ def test_batches_are_cut_by_bytes_and_huge_tensors_go_alone(tensors, monkeypatch
     assert any(p.batch is None for p in pend)  # over MAX_TENSOR_BYTES: the per-tensor path
     got = fpt.finish_many(pend)
     assert [fp for fp, _ in got] == [_reference(t) for t in tensors]
+
+
+def test_small_cpu_gradients_are_fingerprinted_together_when_backward_returns(tmp_path: Path, monkeypatch) -> None:
+    """On the native path, a gradient of at most 64 KiB waits for the end of backward and
+    joins the others in one kernel call (a call of its own costs more than reading it
+    again); a larger one is read at its hook, in cache. The norm is the one before clipping
+    either way; the grad records are what the optimizer used."""
+    import reprobisect.torch as rtorch
+
+    bt.force(False)
+    calls: dict[str, list] = {"alone": [], "many": []}
+    one, many = fpt.begin, fpt.begin_many
+    monkeypatch.setattr(fpt, "begin", lambda t, with_stats=True: calls["alone"].append(t.numel()) or one(t, with_stats))
+    monkeypatch.setattr(fpt, "begin_many", lambda ts, with_stats=True: calls["many"].append(sorted(t.numel() for t in ts))
+                        or many(ts, with_stats))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.Tanh(), torch.nn.Linear(128, 2))  # 128 KiB weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with rtorch.record(model, opt, trace=tmp_path / "t", steps=1):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(torch.randn(8, 256)), torch.randn(8, 2))
+        calls["alone"].clear(), calls["many"].clear()
+        loss.backward()
+        assert sorted(calls["alone"]) == [1, 256 * 128]  # the loss, and the large gradient at its hook
+        assert calls["many"] == [[2, 128, 128 * 2]]  # the small ones, together
+        norm = math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        after = {fpt.fingerprint(p.grad) for p in model.parameters()}
+        opt.step()
+    step = read_trace(tmp_path / "t").steps[0]
+    assert {r.fingerprint for r in step.records if r.kind == "grad"} == after  # what the optimizer used
+    assert step.scalars["grad_norm"] == pytest.approx(norm, rel=1e-9) and norm > 1e-3 * 10  # taken before clipping

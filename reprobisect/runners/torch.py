@@ -191,6 +191,8 @@ class _Entry:
 def _tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
+    if type(obj) is tuple and all(isinstance(x, torch.Tensor) for x in obj):  # a module's usual args
+        return list(obj)
     try:
         from torch.utils._pytree import tree_flatten
 
@@ -198,6 +200,16 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     except Exception:
         return []
     return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+_SMALL_GRAD_BYTES = 64 << 10
+
+
+def _small_on_cpu(g: torch.Tensor) -> bool:
+    """A CPU gradient small enough to fingerprint with the others when backward returns: a
+    call of its own costs more Python (~10 us) than reading its bytes again (<= 64 KiB);
+    a larger one is read at its hook, while backward has it in cache."""
+    return g.is_cpu and g.numel() * g.element_size() <= _SMALL_GRAD_BYTES
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -1229,7 +1241,7 @@ class TorchRecorder:
             # The last item: its fingerprint, the grad record of a loop without an optimizer
             if self._sentinel:  # the norm only: no per-tensor gradient records
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g), None)
-            elif self.policy.stats and batched_torch.enabled_for(g.device):
+            elif self.policy.stats and (batched_torch.enabled_for(g.device) or _small_on_cpu(g)):
                 # in one batch with the others, when backward returns (``_flush_grads``)
                 self._grad_todo.append((p, g))
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), None, None)
