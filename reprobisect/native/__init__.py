@@ -155,15 +155,15 @@ class Kernel:
         buf = getattr(local, "buf", None)
         if buf is None or rows + 6 > buf.size:
             buf = local.buf = np.empty(max(rows + 6, 4096), dtype=np.int64)
-            local.ptr = buf.ctypes.data
+            local.ptr, local.floats = buf.ctypes.data, buf.view(np.float64)
         rc = fn(local.ptr, rows)  # row sums, then 4 float64 stats, then 2 counts
         if rc != 0:
             raise ValueError(f"native fingerprint kernel refused the call (code {rc}, dtype code {code})")
         sums = buf[:rows].copy()
         if not code:
             return sums, None, (0, 0)
-        tail = buf[rows : rows + 6]
-        return sums, tail[:4].view(np.float64).tolist(), (int(tail[4]), int(tail[5]))
+        nan, inf = buf[rows + 4 : rows + 6].tolist()
+        return sums, local.floats[rows : rows + 4].tolist(), (nan, inf)
 
 
 def load(path: Path) -> Kernel:
