@@ -204,3 +204,20 @@ def test_small_cpu_gradients_are_fingerprinted_together_when_backward_returns(tm
     step = read_trace(tmp_path / "t").steps[0]
     assert {r.fingerprint for r in step.records if r.kind == "grad"} == after  # what the optimizer used
     assert step.scalars["grad_norm"] == pytest.approx(norm, rel=1e-9) and norm > 1e-3 * 10  # taken before clipping
+
+
+def test_in_a_distributed_run_small_cpu_gradients_are_read_at_their_hook() -> None:
+    """Backward returns after DDP averaged the gradients: a small gradient deferred to then
+    would enter the norm averaged, beside large ones read at their hook as this rank made them."""
+    import torch.distributed as dist
+
+    from reprobisect.runners import torch as rt
+
+    g = torch.zeros(16)
+    assert rt._small_on_cpu(g) and not rt._small_on_cpu(torch.zeros(32 << 10))
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        assert not rt._small_on_cpu(g)
+    finally:
+        dist.destroy_process_group()
+    assert rt._small_on_cpu(g)

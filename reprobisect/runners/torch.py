@@ -208,8 +208,13 @@ _SMALL_GRAD_BYTES = 64 << 10
 def _small_on_cpu(g: torch.Tensor) -> bool:
     """A CPU gradient small enough to fingerprint with the others when backward returns: a
     call of its own costs more Python (~10 us) than reading its bytes again (<= 64 KiB);
-    a larger one is read at its hook, while backward has it in cache."""
-    return g.is_cpu and g.numel() * g.element_size() <= _SMALL_GRAD_BYTES
+    a larger one is read at its hook, while backward has it in cache. Not in a distributed
+    run: there backward returns after DDP averaged the gradients, and the norm before
+    clipping would mix small gradients averaged with large ones as this rank computed them."""
+    if not g.is_cpu or g.numel() * g.element_size() > _SMALL_GRAD_BYTES:
+        return False
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized())
 
 
 def _version(t: torch.Tensor) -> int | None:
