@@ -458,3 +458,25 @@ def test_a_failure_of_the_recorder_is_infra_never_the_programs_crash(tmp_path: P
     o = Outcome.from_json(t.manifest.outcome)
     assert o.status == "infra" and "reprobisect bug" in o.detail and "boom" in (o.traceback or "")
     assert o.step is not None and o.step <= 2
+
+
+def test_the_hooks_switch_gradients_off_and_back_as_they_were() -> None:
+    """``_NoGrad`` (the per-module-call stand-in for ``torch.no_grad``): off inside, as it
+    was after, also when the body raises (a StopRun from a hook)."""
+    import torch
+
+    from reprobisect.runners.torch import _NoGrad
+
+    for before in (True, False):
+        torch.set_grad_enabled(before)
+        with _NoGrad():
+            assert not torch.is_grad_enabled()
+            with _NoGrad():
+                assert not torch.is_grad_enabled()
+            assert not torch.is_grad_enabled()
+        assert torch.is_grad_enabled() is before
+        with pytest.raises(KeyboardInterrupt):
+            with _NoGrad():
+                raise KeyboardInterrupt
+        assert torch.is_grad_enabled() is before
+    torch.set_grad_enabled(True)

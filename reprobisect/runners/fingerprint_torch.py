@@ -333,7 +333,8 @@ def begin_many(ts: list[torch.Tensor], with_stats: bool = True) -> list[Pending]
     todo: list[tuple[int, torch.Tensor, str]] = []
     items: list[tuple[int, int, str | None]] = []
     for i, t in enumerate(ts):
-        t = t.detach()
+        if type(t) is not torch.Tensor:  # a Parameter (detached: a plain tensor); nothing here is differentiated
+            t = t.detach()
         if k is None or t.is_neg() or t.is_conj() or not _native_ok(t) or not t.is_contiguous():
             out[i] = begin(t, with_stats)
             continue

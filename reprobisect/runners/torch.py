@@ -227,6 +227,20 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
+class _NoGrad:
+    """``torch.no_grad()`` for the hooks run at every module call and gradient: the same
+    switch without its decorator machinery (0.4 against 1.4 us a use)."""
+
+    __slots__ = ("prev",)
+
+    def __enter__(self) -> None:
+        self.prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch._C._set_grad_enabled(self.prev)
+
+
 def _training() -> bool:
     """Whether a forward pass now can train: gradients on, not inference mode."""
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -868,7 +882,7 @@ class TorchRecorder:
         if self._sentinel and len(self._stack) > 1:  # sentinel: only a root's forward matters (batches, init)
             return
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with _NoGrad():
             if len(self._stack) == 1:
                 self._training_root(module, args)
                 if self.done:
@@ -1210,7 +1224,7 @@ class TorchRecorder:
         if self._sentinel:  # no activations, no output
             return
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with _NoGrad():
             is_model = not self._stack and id(module) == self._primary
             name = self._module_name(module)
             if not self._stack and not inputs and kwargs:
@@ -1237,19 +1251,20 @@ class TorchRecorder:
 
     @_hook
     def _grad_hook(self, p: torch.Tensor) -> None:
-        if self.done or self._quiet or p.grad is None or p.grad.is_sparse:
+        g = p.grad
+        if self.done or self._quiet or g is None or g.is_sparse:
             return
-        with torch.no_grad():
-            g = p.grad
-            # the gradient before clipping: fingerprinted here; the optimizer pre-hook
-            # reuses this unless clipping (or anything else) changed it in place since.
-            # The last item: its fingerprint, the grad record of a loop without an optimizer
+        # the gradient before clipping: fingerprinted here; the optimizer pre-hook
+        # reuses this unless clipping (or anything else) changed it in place since.
+        # The last item: its fingerprint, the grad record of a loop without an optimizer
+        if not self._sentinel and self.policy.stats and (batched_torch.enabled_for(g.device) or _small_on_cpu(g)):
+            # in one batch with the others, when backward returns (``_flush_grads``)
+            self._grad_todo.append((p, g))
+            self._grad_seen[id(p)] = (weakref.ref(g), _version(g), None, None)
+            return
+        with _NoGrad():
             if self._sentinel:  # the norm only: no per-tensor gradient records
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), _norm(g), None)
-            elif self.policy.stats and (batched_torch.enabled_for(g.device) or _small_on_cpu(g)):
-                # in one batch with the others, when backward returns (``_flush_grads``)
-                self._grad_todo.append((p, g))
-                self._grad_seen[id(p)] = (weakref.ref(g), _version(g), None, None)
             elif self.policy.stats:
                 pending = self._begin(g)
                 self._grad_seen[id(p)] = (weakref.ref(g), _version(g), pending, pending)
@@ -1260,14 +1275,15 @@ class TorchRecorder:
     def _flush_grads(self) -> None:
         """Fingerprint the gradients the hook deferred, together (before any clipping)."""
         todo, self._grad_todo = self._grad_todo, []
-        live = [(p, g) for p, g in todo if (s := self._grad_seen.get(id(p))) is not None and s[0]() is g]
+        seen = self._grad_seen
+        live = [(p, g, s[0]) for p, g in todo if (s := seen.get(id(p))) is not None and s[0]() is g]
         if not live:
             return
         t0 = time.perf_counter()
         with torch.no_grad(), _gc_paused():
-            pendings = self._begin_many([g for _, g in live])
-        for (p, g), q in zip(live, pendings):
-            self._grad_seen[id(p)] = (weakref.ref(g), _version(g), q, q)
+            pendings = self._begin_many([g for _, g, _ in live])
+        for (p, g, ref), q in zip(live, pendings):
+            seen[id(p)] = (ref, _version(g), q, q)
         self._record_s += time.perf_counter() - t0
 
     @_hook
