@@ -193,7 +193,8 @@ def test_small_cpu_gradients_are_fingerprinted_together_when_backward_returns(tm
     with rtorch.record(model, opt, trace=tmp_path / "t", steps=1):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(torch.randn(8, 256)), torch.randn(8, 2))
-        calls["alone"].clear(), calls["many"].clear()
+        calls["alone"].clear()
+        calls["many"].clear()
         loss.backward()
         assert sorted(calls["alone"]) == [1, 256 * 128]  # the loss, and the large gradient at its hook
         assert calls["many"] == [[2, 128, 128 * 2]]  # the small ones, together

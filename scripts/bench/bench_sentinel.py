@@ -12,12 +12,13 @@ MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a f
 recorder writing a real trace (its first, untimed step learns names and hooks; then
 ``--chunk`` timed steps), so with ``--chunk 50`` each sentinel chunk captures its complete
 state once, as ``--state-every 50`` does, and its time includes the wait for that state's
-files (the rest of the background write, which the chunk's last step may not cover). Printed: each mode's total time over all chunks
-and its ratio to plain (wall and process CPU time), and the time spent inside the
-recorder (every hook, the step's end, writing: ``TorchRecorder.guarded`` timed; and the
-state captures, which the optimizer's hook defers to the next iteration's start) per step and as ``1 + recorder time / plain time`` (``cost_ratio``): on a shared
-machine whole-step ratios move by more than a sentinel costs, the recorder's own time
-does not.
+files (the rest of the background write, which the chunk's last step may not cover).
+Printed: each mode's total time over all chunks and its ratio to plain (wall and process
+CPU time), and the time spent inside the recorder (every hook, the step's end, writing:
+``TorchRecorder.guarded`` timed; and the state captures, which the optimizer's hook defers
+to the next iteration's start) per step and as ``1 + recorder time / plain time``
+(``cost_ratio``): on a shared machine whole-step ratios move by more than a sentinel
+costs, the recorder's own time does not.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ def _build_transformer(batches: int):
     return step, data, [model, opt, sched]
 
 
-def run(step, batches, cpu: list[float] | None = None) -> float:
+def run(step, batches, cpu: list[float] | None = None, then=None) -> float:
+    """Seconds to run ``batches`` through ``step`` and then ``then()`` (its process CPU time
+    appended to ``cpu``)."""
     t0, c0 = time.perf_counter(), time.process_time()
     for x, y in batches:
         step(x, y)
+    if then is not None:
+        then()
     if cpu is not None:
         cpu.append(time.process_time() - c0)
     return time.perf_counter() - t0
@@ -116,11 +121,8 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
             try:
                 run(step, data[:1])  # untimed: the recorder's first step (names, hooks, init records)
                 spent[0] = 0.0
-                t0, c0 = time.perf_counter(), time.process_time()
-                wall[mode].append(run(step, data[1:], cpu[mode]))
-                writer.drain()  # timed: the chunk's state written (a background write's rest)
-                wall[mode][-1] = time.perf_counter() - t0
-                cpu[mode][-1] = time.process_time() - c0
+                # timed with the wait for the chunk's state written (a background write's rest)
+                wall[mode].append(run(step, data[1:], cpu[mode], then=writer.drain))
                 inside[mode] += spent[0]
             finally:
                 rec.remove()
