@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 from dataclasses import replace
@@ -99,6 +101,91 @@ def test_shards_load_with_the_safetensors_library(tmp_path):
             assert t.contiguous().view(torch.uint8).numpy().tobytes() == _bits(want)
 
 
+def _direct_allowed(folder: Path) -> bool:
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        os.close(os.open(folder / "probe", os.O_WRONLY | os.O_CREAT | flag, 0o644))
+    except OSError:
+        return False
+    os.unlink(folder / "probe")
+    return True
+
+
+# sizes in bytes of uint8 tensors: over a 4 MiB stage, a whole number of blocks, one byte
+# past a block, an empty tensor between two others
+@pytest.mark.parametrize("sizes", [[9 << 20], [(1 << 20) + 3, 7, 4096], [(2 << 20) - 24, 0, (2 << 20) + 1]],
+                         ids=["over-stage", "ragged", "empty-inside"])
+def test_a_direct_write_gives_the_bytes_of_an_ordinary_one(tmp_path, sizes):
+    rng = np.random.default_rng(len(sizes))
+    arrays = {f"t{i}": rng.integers(0, 256, n, dtype=np.uint8) for i, n in enumerate(sizes)}
+    direct = shards.save(arrays, tmp_path / "direct.safetensors", direct=True, fsync=False)
+    plain = shards.save(arrays, tmp_path / "plain.safetensors")
+    data = (tmp_path / "direct.safetensors").read_bytes()
+    assert direct == plain and data == (tmp_path / "plain.safetensors").read_bytes()
+    assert direct == (len(data), hashlib.sha256(data).hexdigest())
+    back = shards.load(tmp_path / "direct.safetensors")
+    assert all(np.array_equal(back[k], v) for k, v in arrays.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["direct.safetensors", "plain.safetensors"]
+
+
+def test_a_direct_write_bypasses_the_page_cache_where_the_file_system_allows_it(tmp_path):
+    if not _direct_allowed(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    pieces = [b"head", np.arange(300_000, dtype=np.float64)]
+    digest = shards.write_direct(tmp_path / "f", pieces, fsync=True)
+    assert digest is not None, "O_DIRECT is allowed here, yet the write fell back"
+    want = b"head" + pieces[1].tobytes()
+    assert (tmp_path / "f").read_bytes() == want and digest.hexdigest() == hashlib.sha256(want).hexdigest()
+
+
+@pytest.mark.parametrize("where", ["platform", "open", "first write"])
+def test_a_refused_direct_write_falls_back_to_an_ordinary_one(tmp_path, monkeypatch, where):
+    """No O_DIRECT (macOS), a file system that refuses it at open, or at the first aligned
+    write (EINVAL): the file is written through the page cache, whole, and nothing else is left."""
+    arrays = {"w": np.arange(1 << 18, dtype=np.float64)}  # 2 MiB
+    if where == "platform":
+        monkeypatch.delattr(os, "O_DIRECT", raising=False)
+    elif where == "open":
+        real_open = os.open
+
+        def refusing_open(path, flags, *args):
+            if flags & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(shards.os, "open", refusing_open)
+    else:
+        if not _direct_allowed(tmp_path):
+            pytest.skip("this file system refuses O_DIRECT")
+
+        def refusing_write(fd, data):
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(shards.os, "write", refusing_write)
+    size, digest = shards.save(arrays, tmp_path / "s.safetensors", direct=True)
+    data = (tmp_path / "s.safetensors").read_bytes()
+    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    assert np.array_equal(shards.load(tmp_path / "s.safetensors")["w"], arrays["w"])
+    assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]
+
+
+def test_a_full_disk_during_a_direct_write_is_an_error_not_a_fallback(tmp_path, monkeypatch):
+    if not _direct_allowed(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    calls = []
+
+    def full(fd, data):
+        calls.append(len(data))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shards.os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        shards.save({"w": np.zeros(1 << 20, dtype=np.uint8)}, tmp_path / "s.safetensors", direct=True)
+    assert len(calls) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_non_finite_values_and_numpy_scalars_are_recorded(tmp_path):
     a = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
     with TraceWriter(tmp_path / "t") as w:
@@ -183,6 +270,57 @@ def _held_saves(monkeypatch) -> threading.Event:
 
     monkeypatch.setattr(writer_mod.shards, "save", save)
     return go
+
+
+def test_only_the_background_state_write_goes_past_the_page_cache(tmp_path, monkeypatch):
+    """The background thread may wait for the disk; a write inside the step (full tensors,
+    a capture too large to copy) may not."""
+    from reprobisect.trace import writer as writer_mod
+
+    real_save, direct = shards.save, {}
+
+    def save(tensors, path, *args, **kwargs):
+        direct[Path(path).name] = kwargs.get("direct", False)
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(writer_mod.shards, "save", save)
+    monkeypatch.setattr(writer_mod, "_ASYNC_STATE_MAX", 1 << 16)
+    with TraceWriter(tmp_path / "t") as w:
+        w.begin_step(0)
+        w.record(record_array("x", "input", np.arange(4.0)), np.arange(4.0))
+        w.end_step()
+        w.write_state(0, "small", {"w": np.arange(8.0)}, {})
+        w.write_state(0, "large", {"w": np.arange(1 << 14, dtype=np.float64)}, {})
+    assert direct == {shard_name(0).rsplit("/", 1)[-1]: False, "small.safetensors": True, "large.safetensors": False}
+
+
+def test_a_large_state_copy_is_kept_out_of_the_training_allocator(tmp_path, monkeypatch):
+    """The copies a capture hands to the background thread live in maps of their own: from
+    malloc's heap, 48 MB of them held across the steps after a capture made every one of
+    those steps slower (an MLP's sentinel run, capture at a chunk's first step: 1.26x against
+    1.07x a plain step)."""
+    import mmap
+
+    from reprobisect.trace import writer as writer_mod
+
+    real_save, handed = shards.save, {}
+
+    def save(tensors, path, *args, **kwargs):
+        handed.update(tensors)
+        return real_save(tensors, path, *args, **kwargs)
+
+    def owner(a):
+        while isinstance(a, np.ndarray) and a.base is not None:
+            a = a.base
+        return a.obj if isinstance(a, memoryview) else a
+
+    monkeypatch.setattr(writer_mod.shards, "save", save)
+    live = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_state(0, "model", {"big": live[:], "small": live[:16]}, {})
+    assert isinstance(owner(handed["big"]), mmap.mmap) and np.array_equal(handed["big"], live)
+    assert handed["small"].flags.owndata  # a small copy is an ordinary array
+    assert np.array_equal(shards.load(tmp_path / "t/state/step-0/model.safetensors")["big"], live)
 
 
 def test_state_is_what_it_was_when_written_though_the_caller_changes_it(tmp_path, monkeypatch):

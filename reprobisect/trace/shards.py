@@ -11,13 +11,16 @@ another exception and never a tensor read from the wrong bytes.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import mmap
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -25,7 +28,7 @@ import numpy as np
 from reprobisect.errors import TraceError
 from reprobisect.trace.jsonsafe import is_int, loads_bounded
 
-__all__ = ["Entry", "save", "load", "load_one", "keys", "check", "parse_header"]
+__all__ = ["DIRECT_MIN_BYTES", "Entry", "save", "load", "load_one", "keys", "check", "parse_header", "write_direct"]
 
 _TO_ST = {
     np.dtype(np.bool_): "BOOL",
@@ -50,12 +53,15 @@ _MAX_HEADER = 100 * 2**20
 
 
 def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None,
-         *, fsync: bool = True) -> tuple[int, str]:
+         *, fsync: bool = True, direct: bool = False) -> tuple[int, str]:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename).
 
     Returns the file's size and SHA-256, computed from the bytes as they are written.
     ``fsync=False``: the caller makes the file durable later (a trace writer, before it
-    seals: a file inside an unsealed trace is never read as complete).
+    seals: a file inside an unsealed trace is never read as complete). ``direct=True``: a
+    file of at least ``DIRECT_MIN_BYTES`` bypasses the page cache where the file system
+    allows it (``write_direct``); for a writer in a background thread, which may wait for
+    the disk, never inside a training step.
     """
     header: dict[str, object] = {}
     if metadata:
@@ -78,20 +84,107 @@ def save(tensors: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
     head += b" " * ((-len(head)) % 8)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    digest = hashlib.sha256()
-    with open(tmp, "wb") as f:
-        for chunk in (struct.pack("<Q", len(head)), head):
-            f.write(chunk)
-            digest.update(chunk)
-        for a in arrays:
-            view = memoryview(a.reshape(-1).view(np.uint8))
-            f.write(view)
-            digest.update(view)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
+    pieces = [struct.pack("<Q", len(head)), head, *(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)]
+    size = 8 + len(head) + offset
+    try:
+        digest = write_direct(tmp, pieces, fsync=fsync) if direct and size >= DIRECT_MIN_BYTES else None
+        if digest is None:
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as f:
+                for piece in pieces:
+                    f.write(piece)
+                    digest.update(piece)
+                f.flush()
+                if fsync:
+                    os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no partial file behind
+        raise
     os.replace(tmp, path)
-    return 8 + len(head) + offset, digest.hexdigest()
+    return size, digest.hexdigest()
+
+
+DIRECT_MIN_BYTES = 1 << 20
+"""Smaller files go through the page cache: their pages cost little, a direct write's
+wait for the disk more."""
+_BLOCK = 4096  # O_DIRECT's alignment of memory, length and offset (a multiple of any disk's sector)
+_STAGE_BYTES = 4 << 20
+_stage = threading.local()
+
+
+def write_direct(path: Path, pieces: list, *, fsync: bool) -> Any:
+    """Write ``pieces`` (bytes-like, in order) to a new file at ``path`` with ``O_DIRECT``,
+    through a page-aligned staging buffer kept per thread, and return their SHA-256; ``None``
+    (nothing left at ``path``) where the platform or the file system refuses ``O_DIRECT``
+    (macOS; tmpfs before Linux 6.6), for the caller's ordinary write.
+
+    Why: a state capture writes tens of MB to hundreds of GB into new files while training
+    runs. Through the page cache every MB is a fresh page the kernel must find, fill and
+    later write back, beside the training's own memory; measured on a 2-vCPU VM, writing
+    48 MB into new files in a background thread cost the training threads 120-280 ms
+    (in tmpfs too), writing them here 10-40 ms. The last block is written padded and the
+    file truncated to its exact size."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return None
+        raise
+    stage = getattr(_stage, "buf", None)
+    if stage is None:
+        stage = _stage.buf = memoryview(mmap.mmap(-1, _STAGE_BYTES))  # page-aligned
+    digest, at, written, total = hashlib.sha256(), 0, 0, 0
+    try:
+        for piece in pieces:
+            piece = memoryview(piece).cast("B")
+            digest.update(piece)
+            total += len(piece)
+            done = 0
+            while done < len(piece):
+                n = min(len(piece) - done, len(stage) - at)
+                stage[at:at + n] = piece[done:done + n]
+                at, done = at + n, done + n
+                if at == len(stage):
+                    written += _write_all(fd, stage, first=written == 0)
+                    at = 0
+        if at:
+            padded = -(-at // _BLOCK) * _BLOCK
+            written += _write_all(fd, stage[:padded], first=written == 0)
+        os.ftruncate(fd, total)
+        if fsync:
+            os.fsync(fd)
+    except _Refused:
+        os.close(fd)
+        os.unlink(path)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return digest
+
+
+class _Refused(Exception):
+    """The file system accepted ``O_DIRECT`` at open but refused the first aligned write."""
+
+
+def _write_all(fd: int, data: memoryview, *, first: bool) -> int:
+    """Write all of ``data`` (a multiple of ``_BLOCK`` bytes) to ``fd``."""
+    done = 0
+    while done < len(data):
+        try:
+            n = os.write(fd, data[done:])
+        except OSError as e:
+            if first and done == 0 and e.errno == errno.EINVAL:
+                raise _Refused() from e
+            raise
+        if n <= 0:
+            raise OSError(errno.EIO, f"a direct write of {len(data) - done} bytes wrote none")
+        done += n
+    return done
 
 
 _MAX_RANK = 32

@@ -5,14 +5,21 @@
 
 On the recorder benchmark's MLP (``examples/mlp.py``: 4 x 1024, batch 256; ``--hidden``
 makes it smaller) or transformer (``--model transformer``, ``examples/transformer.py``: 4
-layers, d 256, seq 128, batch 16, its LR schedule stepped), in one process: the run is cut into chunks of ``--chunk`` steps; each
-chunk is run once per mode, the modes interleaved in a rotating order, every mode from the
-same saved model/optimizer/RNG state on the same batches (so that machine noise and the
-MLP's step-to-step time changes hit every mode alike). A recorded chunk gets a fresh
-recorder writing a real trace (its first, untimed step learns names and hooks; then
-``--chunk`` timed steps), so with ``--chunk 50`` each sentinel chunk captures its complete
-state once, as ``--state-every 50`` does, and its time includes the wait for that state's
-files (the rest of the background write, which the chunk's last step may not cover).
+layers, d 256, seq 128, batch 16, its LR schedule stepped), in one process: the run is cut
+into chunks of ``--chunk`` steps; each chunk is run once per mode, the modes interleaved in
+a rotating order, every mode from the same saved model/optimizer/RNG state on the same
+batches (so that machine noise and the MLP's step-to-step time changes hit every mode
+alike). A recorded chunk gets a fresh recorder writing a real trace (its first, untimed
+step learns names and hooks; then ``--chunk`` timed steps) and takes over the state
+buffers of the last chunk of its mode, as a long run's captures reuse the last one's.
+
+Modes: ``plain``; ``sentinel``, complete state once every 50 steps as ``--state-every 50``
+does, captured at the chunk's first timed step so that its background write overlaps the
+steps after it, as in a long run; ``sentinel_end``, captured after step 49 as a recorder
+started at the chunk's untimed step would, its write's rest waited for at the chunk's end
+(what a run pays once, at its end, charged to every 50 steps); ``sentinel_nostate``; and
+``full``. Every chunk's time includes the wait for its state's files.
+
 Printed: each mode's total time over all chunks and its ratio to plain (wall and process
 CPU time), and the time spent inside the recorder (every hook, the step's end, writing:
 ``TorchRecorder.guarded`` timed; and the state captures, which the optimizer's hook defers
@@ -43,11 +50,21 @@ from reprobisect.runners import torch_state  # noqa: E402
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
 from reprobisect.trace.writer import TraceWriter  # noqa: E402
 
-POLICIES = {
-    "sentinel": dict(detail="sentinel"),  # state every 50 (the default)
-    "sentinel_nostate": dict(detail="sentinel", state_every=10**9),
-    "full": dict(detail="full"),
-}
+STATE_EVERY = 50  # the default --state-every
+
+
+def policy(mode: str, chunk: int) -> dict:
+    """The recorder policy of ``mode`` (see the module's docstring) for a chunk of ``chunk``
+    timed steps (steps 1..chunk)."""
+    if mode == "sentinel":
+        return dict(detail="sentinel", state_every=10**9, state_steps=tuple(range(1, chunk + 1, STATE_EVERY)))
+    if mode == "sentinel_end":
+        return dict(detail="sentinel", state_every=STATE_EVERY)
+    if mode == "sentinel_nostate":
+        return dict(detail="sentinel", state_every=10**9)
+    if mode == "full":
+        return dict(detail="full")
+    raise SystemExit(f"unknown mode {mode!r}: plain, sentinel, sentinel_end, sentinel_nostate or full")
 
 
 def build(hidden: int, batches: int, model: str = "mlp"):
@@ -107,6 +124,7 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
     rounds = max(1, steps // chunk)
     spent = _time_recorder()
     inside: dict[str, float] = {m: 0.0 for m in modes}
+    buffers: dict[str, dict] = {}
     for r in range(rounds):
         for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
             for o, st in zip(stateful, saved):
@@ -117,7 +135,10 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
                 wall[mode].append(run(step, data[1:], cpu[mode]))
                 continue
             writer = TraceWriter(tmp / f"{mode}-{r}", command=["bench"], policy={})
-            rec = TorchRecorder(writer, RecordPolicy(steps=10**9, **POLICIES[mode])).install()
+            # a long run's captures copy into the buffers of the one before (TraceWriter._state_copy):
+            # each chunk's writer takes them over from the last chunk's of its mode
+            writer._state_buffers = buffers.setdefault(mode, {})
+            rec = TorchRecorder(writer, RecordPolicy(steps=10**9, **policy(mode, chunk))).install()
             try:
                 run(step, data[:1])  # untimed: the recorder's first step (names, hooks, init records)
                 spent[0] = 0.0
