@@ -316,11 +316,19 @@ def test_a_large_state_copy_is_kept_out_of_the_training_allocator(tmp_path, monk
 
     monkeypatch.setattr(writer_mod.shards, "save", save)
     live = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+    half = live[:3].astype(ml_dtypes.bfloat16)
     with TraceWriter(tmp_path / "t") as w:
-        w.write_state(0, "model", {"big": live[:], "small": live[:16]}, {})
-    assert isinstance(owner(handed["big"]), mmap.mmap) and np.array_equal(handed["big"], live)
-    assert handed["small"].flags.owndata  # a small copy is an ordinary array
-    assert np.array_equal(shards.load(tmp_path / "t/state/step-0/model.safetensors")["big"], live)
+        w.write_state(0, "model", {"big": live[:], "small": live[:16], "empty": live[:0], "bf16": half[:]}, {})
+        w.drain()
+        copies = dict(handed)
+        w.write_state(1, "rng", {"seed": live[:16]}, {})  # a few bytes in all
+    # one map for all of an object's copies, however small each
+    assert isinstance(owner(copies["big"]), mmap.mmap) and owner(copies["small"]) is owner(copies["big"])
+    assert owner(copies["bf16"]) is owner(copies["big"]) and copies["bf16"].ctypes.data % 64 == 0
+    assert handed["seed"].flags.owndata  # a small state: an ordinary array
+    got = shards.load(tmp_path / "t/state/step-0/model.safetensors")
+    assert np.array_equal(got["big"], live) and np.array_equal(got["small"], live[:16]) and got["empty"].shape == (0,)
+    assert got["bf16"].dtype == half.dtype and _bits(got["bf16"]) == _bits(half)
 
 
 def test_state_is_what_it_was_when_written_though_the_caller_changes_it(tmp_path, monkeypatch):

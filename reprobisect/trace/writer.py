@@ -158,13 +158,26 @@ def _async_state_max() -> int:
     return cap
 
 
-def _outside_heap(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An empty array in memory of its own (an anonymous map), not from the allocator the
-    training's tensors come from."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if nbytes < 1 << 20:
-        return np.empty(shape, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+_ARENA_MIN = 1 << 16
+_ALIGN = 64
+
+
+def _outside_heap(layout: tuple[tuple[str, tuple[int, ...], np.dtype], ...]) -> list[np.ndarray]:
+    """Empty arrays of ``layout`` (key, shape, dtype each), carved from one anonymous map of
+    their own rather than from the allocator the training's tensors come from (below
+    ``_ARENA_MIN`` bytes in all, ordinary arrays). One map for all of a stateful object's
+    tensors: one each could run into the kernel's limit on maps (65,530 by default) for a
+    model of tens of thousands of tensors."""
+    counts = [int(np.prod(shape, dtype=np.int64)) for _, shape, _ in layout]
+    offsets, at = [], 0
+    for n, (_, _, dtype) in zip(counts, layout):
+        offsets.append(at)
+        at += -(-n * dtype.itemsize // _ALIGN) * _ALIGN
+    if at < _ARENA_MIN:
+        return [np.empty(shape, dtype=dtype) for _, shape, dtype in layout]
+    raw = mmap.mmap(-1, at)
+    return [np.frombuffer(raw, dtype=dtype, count=n, offset=off).reshape(shape) if n else np.empty(shape, dtype=dtype)
+            for n, off, (_, shape, dtype) in zip(counts, offsets, layout)]
 
 
 def _file_digest(path: Path) -> str:
@@ -240,8 +253,9 @@ class TraceWriter:
         self._state_pool: Any = None  # the background writer of captured state (write_state)
         self._state_jobs: list[Any] = []
         self._state_step: int | None = None
-        self._state_buffers: dict[tuple[str, str], np.ndarray] = {}  # copies kept for the next capture
-        self._state_lent: list[tuple[tuple[str, str], np.ndarray]] = []  # ... and those pending writes hold
+        # per stateful object: the layout of its copies and the copies, kept for the next capture
+        self._state_buffers: dict[str, tuple[tuple, list[np.ndarray]]] = {}
+        self._state_lent: list[tuple[str, tuple[tuple, list[np.ndarray]]]] = []  # ... and those pending writes hold
         self._state_error: Exception | None = None
 
     @property
@@ -333,7 +347,7 @@ class TraceWriter:
         if sum(a.nbytes for a in arrays.values()) > _async_state_max():
             self._write_state_files(step, name, folder, arrays, text)
             return
-        arrays = {k: a if a.flags.owndata else self._state_copy(name, k, a) for k, a in arrays.items()}
+        arrays = self._private_copies(name, arrays)
         if self._state_pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -341,25 +355,31 @@ class TraceWriter:
         self._state_step = step
         self._state_jobs.append(self._state_pool.submit(self._write_state_in_background, step, name, folder, arrays, text))
 
-    def _state_copy(self, name: str, key: str, a: np.ndarray) -> np.ndarray:
-        """A private copy of ``a`` in the buffer the last capture used for the same tensor
-        (same shape and dtype), else a new one: a fresh buffer of a large state costs its page
-        faults at every capture (an MLP's 48 MB: 12.6 ms against 2.7 ms into a used buffer).
-        A buffer of 1 MiB or more is a map of its own (``_outside_heap``): taken from malloc,
-        48 MB of them held between a capture and the next drain made every step in between
-        slower (an MLP's sentinel run, capture at the first of 50 steps: 1.26x against 1.07x
-        a plain step; measured, not traced: most likely malloc's placement of the training's
-        own large tensors changed around them).
-        A buffer is lent to the pending writes and taken back when they are drained, if the
-        capture's copies are at most a sixteenth of the memory available then (or 512 MiB):
-        a larger state is not held between captures, where it would add to the training's
-        own peak."""
-        buf = self._state_buffers.pop((name, key), None)
-        if buf is None or buf.shape != a.shape or buf.dtype != a.dtype:
-            buf = _outside_heap(a.shape, a.dtype)
-        np.copyto(buf, a, casting="no")
-        self._state_lent.append(((name, key), buf))
-        return buf
+    def _private_copies(self, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` with every one that does not own its memory (a view of a live tensor)
+        replaced by a private copy, in the buffers the last capture of ``name`` used when
+        their layout is the same, else in new ones: a fresh buffer of a large state costs its
+        page faults at every capture (an MLP's 48 MB: 12.6 ms against 2.7 ms into a used
+        buffer).
+
+        The buffers are one map of their own (``_outside_heap``): taken from malloc, 48 MB of
+        them held between a capture and the next drain made every step in between slower
+        (an MLP's sentinel run, capture at the first of 50 steps: 1.26x against 1.07x a plain
+        step; measured, not traced: most likely malloc's placement of the training's own
+        large tensors changed around them). They are lent to the pending writes and taken
+        back when those are drained, if the capture's copies are at most a sixteenth of the
+        memory available then (or 512 MiB): a larger state is not held between captures,
+        where it would add to the training's own peak."""
+        views = [(k, a) for k, a in arrays.items() if not a.flags.owndata]
+        if not views:
+            return arrays
+        layout = tuple((k, a.shape, a.dtype) for k, a in views)
+        kept = self._state_buffers.pop(name, None)
+        bufs = kept[1] if kept is not None and kept[0] == layout else _outside_heap(layout)
+        for (_, a), buf in zip(views, bufs):
+            np.copyto(buf, a, casting="no")
+        self._state_lent.append((name, (layout, bufs)))
+        return {**arrays, **{k: buf for (k, _), buf in zip(views, bufs)}}
 
     def _write_state_in_background(self, *job: Any) -> None:
         if self._state_error is not None:  # no later file of a capture that failed
@@ -386,7 +406,7 @@ class TraceWriter:
         jobs, self._state_jobs, self._state_step = self._state_jobs, [], None
         for job in jobs:
             job.result()
-        if sum(buf.nbytes for _, buf in self._state_lent) <= _async_state_max() // 4:
+        if sum(b.nbytes for _, (_, bufs) in self._state_lent for b in bufs) <= _async_state_max() // 4:
             self._state_buffers.update(self._state_lent)  # (kept for the next capture)
         self._state_lent = []
         self._raise_state_error()

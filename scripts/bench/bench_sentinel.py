@@ -135,7 +135,7 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
                 wall[mode].append(run(step, data[1:], cpu[mode]))
                 continue
             writer = TraceWriter(tmp / f"{mode}-{r}", command=["bench"], policy={})
-            # a long run's captures copy into the buffers of the one before (TraceWriter._state_copy):
+            # a long run's captures copy into the buffers of the one before (TraceWriter._private_copies):
             # each chunk's writer takes them over from the last chunk's of its mode
             writer._state_buffers = buffers.setdefault(mode, {})
             rec = TorchRecorder(writer, RecordPolicy(steps=10**9, **policy(mode, chunk))).install()
