@@ -134,12 +134,12 @@ def write_direct(path: Path, pieces: list, *, fsync: bool) -> Any:
             return None
         raise
     stage = getattr(_stage, "buf", None)
-    if stage is None:
-        stage = _stage.buf = memoryview(mmap.mmap(-1, _STAGE_BYTES))  # page-aligned
+    if stage is None:  # page-aligned; NumPy's copies into it let go of the GIL, a memoryview's do not
+        stage = _stage.buf = np.frombuffer(mmap.mmap(-1, _STAGE_BYTES), dtype=np.uint8)
     digest, at, written, total = hashlib.sha256(), 0, 0, 0
     try:
         for piece in pieces:
-            piece = memoryview(piece).cast("B")
+            piece = np.frombuffer(piece, dtype=np.uint8)
             digest.update(piece)
             total += len(piece)
             done = 0
@@ -171,7 +171,7 @@ class _Refused(Exception):
     """The file system accepted ``O_DIRECT`` at open but refused the first aligned write."""
 
 
-def _write_all(fd: int, data: memoryview, *, first: bool) -> int:
+def _write_all(fd: int, data: np.ndarray, *, first: bool) -> int:
     """Write all of ``data`` (a multiple of ``_BLOCK`` bytes) to ``fd``."""
     done = 0
     while done < len(data):
