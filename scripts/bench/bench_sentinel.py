@@ -206,6 +206,9 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     if "plain" not in modes:
         modes.insert(0, "plain")
+    for m in modes:
+        if m != "plain":
+            policy(m, args.chunk)  # an unknown mode stops here, before anything runs
     with tempfile.TemporaryDirectory() as tmp:
         res = bench(args.steps, args.chunk, modes, args.hidden, Path(tmp), args.model)
     if args.json:
