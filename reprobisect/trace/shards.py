@@ -122,7 +122,7 @@ def write_direct(path: Path, pieces: list, *, fsync: bool) -> Any:
     runs. Through the page cache every MB is a fresh page the kernel must find, fill and
     later write back, beside the training's own memory; measured on a 2-vCPU VM, writing
     48 MB into new files in a background thread cost the training threads 120-280 ms
-    (in tmpfs too), writing them here 10-40 ms. The last block is written padded and the
+    (in tmpfs too), writing them here 10-60 ms. The last block is written padded and the
     file truncated to its exact size."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
@@ -136,7 +136,7 @@ def write_direct(path: Path, pieces: list, *, fsync: bool) -> Any:
     stage = getattr(_stage, "buf", None)
     if stage is None:  # page-aligned; NumPy's copies into it let go of the GIL, a memoryview's do not
         stage = _stage.buf = np.frombuffer(mmap.mmap(-1, _STAGE_BYTES), dtype=np.uint8)
-    digest, at, written, total = hashlib.sha256(), 0, 0, 0
+    digest, at, first, total = hashlib.sha256(), 0, True, 0
     try:
         for piece in pieces:
             piece = np.frombuffer(piece, dtype=np.uint8)
@@ -148,11 +148,11 @@ def write_direct(path: Path, pieces: list, *, fsync: bool) -> Any:
                 stage[at:at + n] = piece[done:done + n]
                 at, done = at + n, done + n
                 if at == len(stage):
-                    written += _write_all(fd, stage, first=written == 0)
-                    at = 0
+                    _write_all(fd, stage, first=first)
+                    at, first = 0, False
         if at:
             padded = -(-at // _BLOCK) * _BLOCK
-            written += _write_all(fd, stage[:padded], first=written == 0)
+            _write_all(fd, stage[:padded], first=first)
         os.ftruncate(fd, total)
         if fsync:
             os.fsync(fd)
@@ -171,8 +171,9 @@ class _Refused(Exception):
     """The file system accepted ``O_DIRECT`` at open but refused the first aligned write."""
 
 
-def _write_all(fd: int, data: np.ndarray, *, first: bool) -> int:
-    """Write all of ``data`` (a multiple of ``_BLOCK`` bytes) to ``fd``."""
+def _write_all(fd: int, data: np.ndarray, *, first: bool) -> None:
+    """Write all of ``data`` (a multiple of ``_BLOCK`` bytes) to ``fd``; an EINVAL on the
+    file's first write is a refusal of ``O_DIRECT`` (``_Refused``)."""
     done = 0
     while done < len(data):
         try:
@@ -184,7 +185,6 @@ def _write_all(fd: int, data: np.ndarray, *, first: bool) -> int:
         if n <= 0:
             raise OSError(errno.EIO, f"a direct write of {len(data) - done} bytes wrote none")
         done += n
-    return done
 
 
 _MAX_RANK = 32

@@ -15,9 +15,9 @@ from __future__ import annotations
 import datetime as _dt
 import copy
 import hashlib
-import mmap
 import json
 import math
+import mmap
 import os
 import shutil
 import uuid

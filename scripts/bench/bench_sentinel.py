@@ -48,18 +48,16 @@ import transformer as tf_example  # noqa: E402
 
 from reprobisect.runners import torch_state  # noqa: E402
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
+from reprobisect.trace.format import DEFAULT_STATE_EVERY  # noqa: E402
 from reprobisect.trace.writer import TraceWriter  # noqa: E402
-
-STATE_EVERY = 50  # the default --state-every
-
 
 def policy(mode: str, chunk: int) -> dict:
     """The recorder policy of ``mode`` (see the module's docstring) for a chunk of ``chunk``
     timed steps (steps 1..chunk)."""
     if mode == "sentinel":
-        return dict(detail="sentinel", state_every=10**9, state_steps=tuple(range(1, chunk + 1, STATE_EVERY)))
+        return dict(detail="sentinel", state_every=10**9, state_steps=tuple(range(1, chunk + 1, DEFAULT_STATE_EVERY)))
     if mode == "sentinel_end":
-        return dict(detail="sentinel", state_every=STATE_EVERY)
+        return dict(detail="sentinel", state_every=DEFAULT_STATE_EVERY)
     if mode == "sentinel_nostate":
         return dict(detail="sentinel", state_every=10**9)
     if mode == "full":
