@@ -160,7 +160,7 @@ def _accel_row_sums(lanes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.cat([(grid[i : i + _ACCEL_BLOCK_ROWS] * w).sum(1) for i in range(0, rows, _ACCEL_BLOCK_ROWS)])
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """Device-side results of one fingerprint, not yet brought to the host."""
 
@@ -320,8 +320,7 @@ def _native_pending(t: torch.Tensor, name: str, nbytes: int, sums: np.ndarray, s
     elif with_stats and not coded:
         stats = _stats_tensor(t)  # a dtype the kernel has no statistics for (float8, uint32...)
         done = _counts(t, stats)
-    return Pending(dtype=name, shape=tuple(t.shape), nbytes=nbytes, row_sums=sums, stats=stats,
-                   numel=numel, counts=done)
+    return Pending(name, tuple(t.shape), nbytes, sums, stats, numel, done)
 
 
 def begin_many(ts: list[torch.Tensor], with_stats: bool = True) -> list[Pending]:

@@ -145,7 +145,7 @@ from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
 from reprobisect.runners.policy import RecordPolicy, StopRun
-from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record, stat_value
+from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record, new_record, stat_value
 
 __all__ = ["RecordPolicy", "StopRun", "TorchRecorder", "to_numpy"]
 
@@ -174,7 +174,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray | None:
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     kind: str
     name: str
@@ -1500,10 +1500,7 @@ class TorchRecorder:
             ins = None
             if e.inputs is not None:
                 ins = tuple(done_pending[id(q)][0] for q in e.inputs)
-            rec = Record(
-                name=e.name, kind=e.kind, dtype=p.dtype, shape=p.shape, fingerprint=f, order=order, stats=st,
-                module=e.module, inputs=ins, meta=e.meta,
-            )
+            rec = new_record(e.name, e.kind, p.dtype, p.shape, f, order, st, e.module, ins, e.meta)
             records.append((e, rec))
         return records, done_pending
 

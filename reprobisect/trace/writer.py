@@ -292,7 +292,8 @@ class TraceWriter:
             raise TraceError("record() called outside begin_step()/end_step()")
         if rec.kind not in KINDS:
             raise TraceError(f"record '{rec.name}' has unknown kind '{rec.kind}' (one of {', '.join(KINDS)})")
-        if rec.key in self._keys:
+        key = (rec.kind, rec.name)
+        if key in self._keys:
             raise TraceError(f"record {rec.kind} '{rec.name}' written twice in step {self._step}")
         order = len(self._records)
         if array is not None:
@@ -303,7 +304,7 @@ class TraceWriter:
         elif rec.order != order:  # a record made with its place is kept as it is
             rec = _replace(rec, order=order)
         self._records.append(rec)
-        self._keys.add(rec.key)
+        self._keys.add(key)
         return rec
 
     def end_step(self, scalars: Mapping[str, Any] | None = None, batch_ids: list[Any] | None = None) -> None:

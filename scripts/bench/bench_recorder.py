@@ -328,16 +328,24 @@ def cost(name: str, rounds: int, quick: bool, tmp: Path) -> dict:
     writer = TraceWriter(tmp / f"{name}-cost", command=["bench"], policy={})
     rec = TorchRecorder(writer, RecordPolicy(steps=10**9, stats=True)).install()
     kept: list[torch.Tensor] = []
-    end_step = rec._end_step
+    begin, begin_many = fpt.begin, fpt.begin_many
 
-    def keep(opt):
-        kept.extend(e.source.clone() for e in rec._entries if e.source is not None)
-        end_step(opt)
+    # the recorder keeps no tensor once begun: clone each one as it is begun, in one step
+    def keep_one(t, with_stats=True):
+        kept.append(t.detach().clone())
+        return begin(t, with_stats=with_stats)
+
+    def keep_many(ts, with_stats=True):
+        kept.extend(t.detach().clone() for t in ts)
+        return begin_many(ts, with_stats=with_stats)
 
     try:
         run_steps(step, data, 1)  # learns names and hooks
-        rec._end_step = keep
-        run_steps(step, data, 1)
+        fpt.begin, fpt.begin_many = keep_one, keep_many
+        try:
+            run_steps(step, data, 1)
+        finally:
+            fpt.begin, fpt.begin_many = begin, begin_many
     finally:
         rec.remove()
         writer.close()
