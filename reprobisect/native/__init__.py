@@ -100,8 +100,13 @@ class Kernel:
         or tensor).
         """
         code = DTYPE_CODES.get(dtype, 0) if dtype else 0
-        return self._call(lambda at, rows: self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4)),
-                          nbytes, code)
+        rows = -(-nbytes // (ROW * 4))
+        local = self._local
+        if getattr(local, "buf", None) is None or rows + 6 > local.buf.size:
+            self._grow(rows)
+        at = local.ptr  # (called for most records: no closure, unlike run_strided)
+        rc = self._f(ptr, nbytes, code, self._w_ptr, at, at + 8 * rows, at + 8 * (rows + 4))
+        return self._results(rc, rows, code)
 
     def run_many(self, items: list[tuple[int, int, str | None]]) -> tuple[np.ndarray, np.ndarray, list[list[float]], list[list[int]]]:
         """``run`` for many contiguous buffers ``(address, nbytes, dtype)`` in one call.
@@ -152,14 +157,23 @@ class Kernel:
 
     def _call(self, fn: Any, nbytes: int, code: int) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         rows = -(-nbytes // (ROW * 4))
-        local = self._local  # a reused output buffer per thread (numpy's address lookup is costly)
-        buf = getattr(local, "buf", None)
-        if buf is None or rows + 6 > buf.size:
-            buf = local.buf = np.empty(max(rows + 6, 4096), dtype=np.int64)
-            local.ptr, local.floats = buf.ctypes.data, buf.view(np.float64)
-        rc = fn(local.ptr, rows)  # row sums, then 4 float64 stats, then 2 counts
+        local = self._local
+        if getattr(local, "buf", None) is None or rows + 6 > local.buf.size:
+            self._grow(rows)
+        return self._results(fn(local.ptr, rows), rows, code)
+
+    def _grow(self, rows: int) -> None:
+        """This thread's reused output buffer (numpy's address lookup is costly), for ``rows`` row
+        sums, then 4 float64 statistics, then 2 counts."""
+        local = self._local
+        buf = local.buf = np.empty(max(rows + 6, 4096), dtype=np.int64)
+        local.ptr, local.floats = buf.ctypes.data, buf.view(np.float64)
+
+    def _results(self, rc: int, rows: int, code: int) -> tuple[np.ndarray, list[float] | None, tuple[int, int]]:
         if rc != 0:
             raise ValueError(f"native fingerprint kernel refused the call (code {rc}, dtype code {code})")
+        local = self._local
+        buf = local.buf
         sums = buf[:rows].copy()
         if not code:
             return sums, None, (0, 0)

@@ -300,7 +300,7 @@ def _begin_native(t: torch.Tensor, kernel: native.Kernel, with_stats: bool, name
     code = name if with_stats and name in native.DTYPE_CODES else None
     if t.is_contiguous() or t.dim() > 16:
         if not t.is_contiguous():
-            t = t.contiguous()
+            t = t.detach().contiguous()
         sums, st, counts = kernel.run(t.data_ptr(), nbytes, code)
     else:  # a transposed or sliced view: gathered block by block, no full copy
         sums, st, counts = kernel.run_strided(t.data_ptr(), es, tuple(t.shape), t.stride(), code)
@@ -357,6 +357,10 @@ def begin(t: torch.Tensor, with_stats: bool = True) -> Pending:
     when it could be built; anything else, or no kernel, through torch ops on the
     tensor's device. Both give the same fingerprint.
     """
+    if _native_ok(t) and not (t.is_neg() or t.is_conj()):  # the common case first: the kernel reads its bytes
+        k = native.kernel()
+        if k is not None:
+            return _begin_native(t, k, with_stats, _name(t.dtype))
     t = t.detach()
     if t.is_neg() or t.is_conj():  # lazily negated/conjugated views: their bytes are not their values
         t = t.resolve_neg().resolve_conj()
