@@ -38,3 +38,25 @@ def test_cost_times_every_tensor_one_recorded_step_fingerprints(tmp_path):
     assert res["elements"] > 100_000
     assert res["median_s"]["native"] > 0 and res["median_s"]["fp_only"] > 0
     assert set(res["ratio"]) == {"native", "ops", "fp_only"}
+
+
+def test_paired_ratios_cancel_a_machine_whose_speed_drifts_between_rounds():
+    bench = _bench()
+    # the recorder adds 10% in every round; the machine runs twice as slowly in the later rounds
+    plain = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
+    record = [[1.1] * 3, [1.1] * 3, [2.2] * 3, [2.2] * 3]
+    med, lo, hi = bench._paired(record, plain, lambda a, p: a / p)
+    assert (med, lo, hi) == pytest.approx((1.1, 1.1, 1.1))
+    assert bench._verdict((med, lo, hi), 1.15) is True
+    assert bench._verdict((med, lo, hi), 1.05) is False
+
+
+def test_a_verdict_is_inconclusive_when_the_rounds_straddle_the_limit():
+    bench = _bench()
+    plain = [[1.0]] * 4
+    record = [[1.00], [1.08], [1.14], [1.30]]
+    med, lo, hi = bench._paired(record, plain, lambda a, p: a / p)
+    assert lo < 1.10 < hi
+    assert bench._verdict((med, lo, hi), 1.10) is None
+    assert bench._verdict((med, lo, hi), 1.5) is True
+    assert bench._verdict((med, lo, hi), 0.9) is False
