@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -154,12 +155,22 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
         "model": model, "steps_per_mode": n, "chunk": chunk, "hidden": hidden, "threads": torch.get_num_threads(),
         "total_s": {m: round(v, 3) for m, v in total.items()},
         "ratio": {m: round(v / total["plain"], 4) for m, v in total.items()},
+        "ratio_spread": {m: _middle_half([a / p for a, p in zip(v, wall["plain"])]) for m, v in wall.items() if m != "plain"},
         "cpu_ratio": {m: round(v / ctotal["plain"], 4) for m, v in ctotal.items()},
         "plain_step_ms": round(total["plain"] / n * 1e3, 3),
         "record_ms_per_step": {m: round(v / (rounds * (chunk + 1)) * 1e3, 3) for m, v in record_s.items() if m != "plain"},
         "recorder_ms_per_step": {m: round(v / n * 1e3, 3) for m, v in inside.items() if m != "plain"},
         "cost_ratio": {m: round(1 + v / total["plain"], 4) for m, v in inside.items() if m != "plain"},
     }
+
+
+def _middle_half(values: list[float]) -> list[float]:
+    """The lower and upper quartiles of per-chunk ratios (each chunk's mode against the same
+    round's plain chunk): how far the machine's noise moves one chunk's ratio."""
+    if len(values) < 2:
+        return [round(v, 4) for v in values * 2][:2]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [round(q1, 4), round(q3, 4)]
 
 
 def _time_recorder() -> list[float]:
@@ -218,7 +229,9 @@ def main(argv=None) -> int:
     for m in modes:
         extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x"
                  if m in res["recorder_ms_per_step"] else "")
-        print(f"  {m:<18} {res['total_s'][m]:8.2f} s  {res['ratio'][m]:.3f}x wall  {res['cpu_ratio'][m]:.3f}x cpu{extra}")
+        spread = res["ratio_spread"].get(m)
+        within = f" (chunks' middle half {spread[0]:.3f}-{spread[1]:.3f}x)" if spread else ""
+        print(f"  {m:<18} {res['total_s'][m]:8.2f} s  {res['ratio'][m]:.3f}x wall{within}  {res['cpu_ratio'][m]:.3f}x cpu{extra}")
     return 0
 
 
