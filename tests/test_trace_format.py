@@ -1072,3 +1072,23 @@ def test_a_trace_reached_through_a_symlinked_folder_reads(tmp_path):
     (tmp_path / "link").symlink_to(p)
     t = read_trace(tmp_path / "link", verify=True)
     assert t.tensor(0, t.steps[0].records[0]) is not None
+
+
+def test_new_record_makes_the_record_the_dataclass_makes():
+    """``format.new_record`` sets a frozen ``Record``'s fields itself (the recorder's fast
+    path): it must set every field the dataclass has, or a field added to ``Record`` later
+    would be missing from every recorded record."""
+    import dataclasses
+
+    from reprobisect.trace.format import Record, new_record
+
+    args = dict(name="fc.weight", kind="grad", dtype="float32", shape=(3, 4), fingerprint="ab" * 16, order=5,
+                stats={"norm": 1.0}, module="Linear", inputs=("cd" * 16,), meta={"k": 1})
+    made, fast = Record(**args), new_record(**args)
+    assert fast == made
+    assert list(vars(fast)) == [f.name for f in dataclasses.fields(Record)]
+    assert vars(fast) == vars(made)
+    assert new_record("x", "param", "float32", (), "ef" * 16) == Record("x", "param", "float32", (), "ef" * 16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.order = 6  # type: ignore[misc]
+    assert replace(fast, order=6).order == 6 and fast.order == 5
