@@ -126,6 +126,17 @@ def test_nothing_raises_under_deterministic_algorithms(tensors) -> None:
     assert [fp for fp, _ in got] == [_reference(t) for t in tensors]
 
 
+def test_parameters_take_the_batched_path_and_other_subclasses_do_not() -> None:
+    class Tagged(torch.Tensor):
+        pass
+
+    p = torch.nn.Parameter(torch.randn(5))
+    tagged = torch.randn(5).as_subclass(Tagged)
+    pend = bt.begin_many([p, tagged])
+    assert pend[0].batch is not None and pend[1].batch is None
+    assert [fp for fp, _ in fpt.finish_many(pend)] == [_reference(p.detach()), _reference(torch.Tensor(tagged))]
+
+
 def test_not_forced_cpu_tensors_keep_the_native_path() -> None:
     bt.force(False)
     assert not bt.enabled_for(torch.device("cpu"))
@@ -137,7 +148,9 @@ def _train(trace: Path, n_steps: int = 3) -> None:
     import reprobisect.torch as rt
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 33), torch.nn.LayerNorm(33), torch.nn.Linear(33, 2))
+    # ReLU(inplace=True) changes the first Linear's output after its hook: a staged copy keeps what the hook saw
+    model = torch.nn.Sequential(torch.nn.Linear(6, 33), torch.nn.ReLU(inplace=True), torch.nn.LayerNorm(33),
+                                torch.nn.Linear(33, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     with rt.record(model, opt, trace=trace, steps=n_steps):

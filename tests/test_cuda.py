@@ -280,15 +280,16 @@ def test_batched_fingerprints_on_the_device_equal_the_host_reference():
 
 
 def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkeypatch):
-    """The batched fingerprints of grads, params and optimizer state never synchronise
-    (once a set of shapes has its layout): the step's one copy to the host is at its end."""
+    """The batched fingerprints of grads, params, optimizer state and the staged activations
+    never synchronise (once a set of shapes has its layout): the step's one copy to the host
+    is at its end."""
     import reprobisect.torch as rt
     from reprobisect.runners import batched_torch as bt
 
-    orig, calls = bt.begin_many, []
+    orig, calls, strict_on = bt.begin_many, [], [False]
 
     def strict(ts, with_stats=True):
-        if len(bt._layouts) >= 2:  # grads/params/moments share one layout, Adam's steps another
+        if strict_on[0]:
             torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
         try:
             calls.append(len(ts))
@@ -303,12 +304,36 @@ def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkey
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
     x = torch.randn(32, 64, device="cuda")
     with rt.record(model, opt, trace=tmp_path / "t", steps=4) as rec:
-        for _ in range(4):
+        for i in range(4):
+            strict_on[0] = i >= 1  # the first step builds the layouts (activations, grads, params, state)
             opt.zero_grad()
             model(x).square().mean().backward()
             opt.step()
     assert rec.failed is None and max(calls) >= 16
     assert len(read_trace(tmp_path / "t").steps) == 4
+
+
+def test_staged_activations_on_the_device_keep_the_values_their_hook_saw(tmp_path):
+    """An activation is copied into a staging buffer at its hook and fingerprinted at the
+    step's end: ``ReLU(inplace=True)`` changing it afterwards must not reach its record."""
+    import reprobisect.torch as rt
+    from reprobisect.runners import staged_torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(inplace=True), torch.nn.Linear(16, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    model[0].register_forward_hook(lambda m, a, out: seen.append(out.detach().cpu().clone()))
+    x = torch.randn(4, 8, device="cuda")
+    assert staged_torch.takes(x)
+    with rt.record(model, opt, trace=tmp_path / "t", steps=1):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    recs = {(r.kind, r.name): r for r in read_trace(tmp_path / "t").steps[0].records}
+    assert (seen[0] < 0).any()  # the ReLU did change it
+    assert recs[("activation", "0")].fingerprint == ft.fingerprint(seen[0])
+    assert recs[("activation", "0")].stats["min"] == float(seen[0].min())
 
 
 def test_a_device_tensors_state_is_copied_once_into_memory_numpy_owns():

@@ -6,7 +6,9 @@ change metadata: they launch nothing and are not counted) during one training st
 plain and recorded; the recorder's ops are the difference. On the batched path (forced on
 CPU here, the default on accelerators) parameters, gradients and optimizer state cost the
 same number of ops for 10 parameter tensors and for 1,000; on the per-tensor torch path
-they grow with the tensors, which the last test shows (so the guard can fail).
+they grow with the tensors, which the second test shows (so the guard can fail). Module
+outputs cost one op each on the batched path (a copy into a staging buffer; the copies are
+fingerprinted together), against ~10 on the per-tensor path.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -
     opt.step()
 
 
-def _recorder_ops(n: int, trace: Path) -> int:
-    """Non-view ops the recorder adds to the third recorded step of a model with ``n`` tensors."""
+def _recorder_ops(n: int, trace: Path, model: torch.nn.Module | None = None) -> int:
+    """Non-view ops the recorder adds to the third recorded step of a model with ``n``
+    tensors (``_Many``, or ``model``)."""
     import reprobisect.torch as rt
 
-    model = _Many(n)
+    model = model if model is not None else _Many(n)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     x = torch.ones(3)
     _step(model, opt, x)  # Adam's state exists from here on
@@ -73,12 +76,27 @@ def _recorder_ops(n: int, trace: Path) -> int:
     return recorded.n - plain.n
 
 
+def _deep(layers: int) -> torch.nn.Module:
+    """``layers`` Linear layers in a row: each adds an activation (its output; its input is
+    the last one's output, already fingerprinted) and two parameters."""
+    torch.manual_seed(layers)
+    return torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(layers)])
+
+
+def _ops_per_layer(tmp: Path) -> float:
+    return (_recorder_ops(0, tmp / "deep", _deep(40)) - _recorder_ops(0, tmp / "shallow", _deep(10))) / 30
+
+
 @pytest.fixture(scope="module")
 def batched_counts(tmp_path_factory) -> tuple[int, int]:
+    # as on an accelerator: no native kernel (a tensor the batched path left out would cost
+    # no torch ops through it, and the guard would not see it)
     bt.force(True)
     try:
-        tmp = tmp_path_factory.mktemp("ops")
-        return _recorder_ops(10, tmp / "small"), _recorder_ops(1000, tmp / "large")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(native, "kernel", lambda: None)
+            tmp = tmp_path_factory.mktemp("ops")
+            return _recorder_ops(10, tmp / "small"), _recorder_ops(1000, tmp / "large")
     finally:
         bt.force(None)
 
@@ -99,3 +117,25 @@ def test_the_guard_fails_on_the_per_tensor_torch_path(tmp_path: Path, monkeypatc
     finally:
         bt.force(None)
     assert large > small + 1000 * 3 * 3  # >= ~3 ops for each param, grad and Adam moment
+
+
+def test_an_activation_costs_one_op_on_the_batched_path(tmp_path: Path, monkeypatch) -> None:
+    """Module outputs are staged (one copy each) and fingerprinted together at the step's end."""
+    monkeypatch.setattr(native, "kernel", lambda: None)  # as on an accelerator
+    bt.force(True)
+    try:
+        per_layer = _ops_per_layer(tmp_path)
+    finally:
+        bt.force(None)
+    assert 0.5 <= per_layer <= 1.5, f"{per_layer} recorder ops per extra layer (one copy of its output expected)"
+
+
+@pytest.mark.slow
+def test_the_activation_guard_fails_on_the_per_tensor_torch_path(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(native, "kernel", lambda: None)
+    bt.force(False)
+    try:
+        per_layer = _ops_per_layer(tmp_path)
+    finally:
+        bt.force(None)
+    assert per_layer > 10  # an output's ~10 ops, and its two parameters' each step

@@ -89,9 +89,10 @@ def enabled_for(device: torch.device) -> bool:
 
 
 def _eligible(t: torch.Tensor) -> bool:
+    # a plain tensor or parameter (a subclass of either may hold anything: the per-tensor path)
     return (
         t.dtype in _FLOATS
-        and type(t) is torch.Tensor
+        and (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
         and t.layout == torch.strided
         and t.numel() > 0
         and not (t.is_neg() or t.is_conj())

@@ -142,6 +142,7 @@ import torch
 
 from reprobisect.runners import batched_torch
 from reprobisect.runners import fingerprint_torch as fpt
+from reprobisect.runners import staged_torch
 from reprobisect.runners.compile_torch import first_cause, unwrap, user_path
 from reprobisect.trace import record_array
 from reprobisect.runners.policy import RecordPolicy, StopRun
@@ -382,6 +383,8 @@ class TorchRecorder:
         self._capped_noted = False
         self._fwd_hooks: Any = None
         self._dist: Any = None  # runners.distributed_torch.DistributedObserver, once installed
+        # activations on an accelerator: one copy each, fingerprinted in batches at the step's end
+        self._stage = staged_torch.Stage(with_stats=policy.stats)
         self._reset_step()
 
     # -- step buffer --------------------------------------------------------------
@@ -420,10 +423,18 @@ class TorchRecorder:
         hit = self._cache.get(id(t))
         if v is not None and hit is not None and hit[0]() is t and hit[1] == v:
             return hit[2]
-        p = fpt.begin(_local(t), with_stats=self.policy.stats)
+        p = self._begin_now(t)
         if v is not None:
             self._cache[id(t)] = (weakref.ref(t), v, p)
         return p
+
+    def _begin_now(self, t: torch.Tensor) -> fpt.Pending:
+        """``t``'s fingerprint, begun now: staged (one copy, finished by ``_finish_records``)
+        where the device fingerprints in batches, else at once."""
+        t = _local(t)
+        if staged_torch.takes(t):
+            return self._stage.begin(t)
+        return fpt.begin(t, with_stats=self.policy.stats)
 
     def _begin_many(self, ts: list[torch.Tensor]) -> list[fpt.Pending]:
         """``_begin`` for tensors ready at one moment: the cache misses are fingerprinted
@@ -475,7 +486,7 @@ class TorchRecorder:
             self._t0 = time.perf_counter()
         # fresh: not from the cache (a ``p.data`` update changes values, not the version)
         if pending is None:
-            pending = fpt.begin(_local(t), with_stats=self.policy.stats) if fresh else self._begin(t)
+            pending = self._begin_now(t) if fresh else self._begin(t)
         # the pending holds everything the record needs: not the tensor, which held to the
         # step's end would outlive its backward (an activation; on CPU the allocator then took
         # fresh pages from the OS every step: 11,000 page faults a step on the example
@@ -564,6 +575,7 @@ class TorchRecorder:
             h.remove()
         self._param_hooks = []
         self._hooked.clear()
+        self._stage.release()
         if self._zoom is not None:
             try:
                 self._zoom.remove()
@@ -1477,6 +1489,7 @@ class TorchRecorder:
     def _finish_records(self) -> tuple[list[tuple[_Entry, Record]], dict[int, tuple[str, dict | None]]]:
         """The step's records in trace order, and every finished pending by id (fingerprint, stats)."""
         records: list[tuple[_Entry, Record]] = []
+        self._stage.flush()  # the staged activations' fingerprints, in a few batches
         # every distinct pending of the step, finished together: one host transfer per device
         todo: dict[int, fpt.Pending] = {}
         for e in self._entries:
