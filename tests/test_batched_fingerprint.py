@@ -144,7 +144,7 @@ def test_not_forced_cpu_tensors_keep_the_native_path() -> None:
     assert bt.enabled_for(torch.device("meta"))  # any accelerator
 
 
-def _train(trace: Path, n_steps: int = 3) -> None:
+def _train(trace: Path, n_steps: int = 3, detail: str = "full") -> None:
     import reprobisect.torch as rt
 
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def _train(trace: Path, n_steps: int = 3) -> None:
                                 torch.nn.Linear(33, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
-    with rt.record(model, opt, trace=trace, steps=n_steps):
+    with rt.record(model, opt, trace=trace, steps=n_steps, detail=detail):
         for _ in range(n_steps):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(torch.randn(8, 6, generator=g)), torch.randn(8, 2, generator=g)).backward()
@@ -175,6 +175,17 @@ def test_a_recorded_step_is_the_same_on_the_batched_path(tmp_path: Path) -> None
                 _assert_stats_close(rb.stats, ra.stats, n)
         assert sb.scalars["grad_norm"] == pytest.approx(sa.scalars["grad_norm"], rel=1e-12)
         assert sb.scalars["grad_norm"] > 0.05  # before clipping
+
+
+def test_a_sentinel_holds_the_gradient_norm_a_full_recording_does(tmp_path: Path) -> None:
+    """On the batched path a sentinel's gradient norm comes from the batch's statistics, as
+    a full recording's does: the same float64 bits, before clipping."""
+    _train(tmp_path / "full")
+    _train(tmp_path / "sentinel", detail="sentinel")
+    full, sentinel = read_trace(tmp_path / "full"), read_trace(tmp_path / "sentinel")
+    assert [s.scalars["grad_norm"] for s in sentinel.steps] == [s.scalars["grad_norm"] for s in full.steps]
+    assert all(s.scalars["grad_norm"] > 0.05 for s in sentinel.steps)
+    assert not any(r.kind == "grad" for s in sentinel.steps for r in s.records)
 
 
 def test_batches_are_cut_by_bytes_and_huge_tensors_go_alone(tensors, monkeypatch) -> None:

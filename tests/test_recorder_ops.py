@@ -5,7 +5,8 @@ A ``TorchDispatchMode`` counts every op that reaches a kernel (views and ``detac
 change metadata: they launch nothing and are not counted) during one training step,
 plain and recorded; the recorder's ops are the difference. On the batched path (forced on
 CPU here, the default on accelerators) parameters, gradients and optimizer state cost the
-same number of ops for 10 parameter tensors and for 1,000; on the per-tensor torch path
+same number of ops for 10 parameter tensors and for 1,000, at full and at sentinel detail
+(the gradients' norms); on the per-tensor torch path
 they grow with the tensors, which the second test shows (so the guard can fail). Module
 outputs cost one op each on the batched path (a copy into a staging buffer; the copies are
 fingerprinted together), against ~10 on the per-tensor path.
@@ -54,9 +55,9 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -
     opt.step()
 
 
-def _recorder_ops(n: int, trace: Path, model: torch.nn.Module | None = None) -> int:
+def _recorder_ops(n: int, trace: Path, model: torch.nn.Module | None = None, detail: str = "full") -> int:
     """Non-view ops the recorder adds to the third recorded step of a model with ``n``
-    tensors (``_Many``, or ``model``)."""
+    tensors (``_Many``, or ``model``) at ``detail``."""
     import reprobisect.torch as rt
 
     model = model if model is not None else _Many(n)
@@ -67,7 +68,7 @@ def _recorder_ops(n: int, trace: Path, model: torch.nn.Module | None = None) -> 
     with plain:
         _step(model, opt, x)
     recorded = _Count()
-    with rt.record(model, opt, trace=trace, steps=4):
+    with rt.record(model, opt, trace=trace, steps=4, detail=detail):
         _step(model, opt, x)
         _step(model, opt, x)  # layouts are built once per set of shapes: count a later step
         with recorded:
@@ -88,7 +89,7 @@ def _ops_per_layer(tmp: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def batched_counts(tmp_path_factory) -> tuple[int, int]:
+def batched_counts(tmp_path_factory) -> dict[str, tuple[int, int]]:
     # as on an accelerator: no native kernel (a tensor the batched path left out would cost
     # no torch ops through it, and the guard would not see it)
     bt.force(True)
@@ -96,15 +97,17 @@ def batched_counts(tmp_path_factory) -> tuple[int, int]:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(native, "kernel", lambda: None)
             tmp = tmp_path_factory.mktemp("ops")
-            return _recorder_ops(10, tmp / "small"), _recorder_ops(1000, tmp / "large")
+            return {d: (_recorder_ops(10, tmp / f"small-{d}", detail=d), _recorder_ops(1000, tmp / f"large-{d}", detail=d))
+                    for d in ("full", "sentinel")}
     finally:
         bt.force(None)
 
 
-def test_recorder_ops_per_step_do_not_grow_with_the_number_of_tensors(batched_counts) -> None:
-    small, large = batched_counts
+@pytest.mark.parametrize("detail", ["full", "sentinel"])
+def test_recorder_ops_per_step_do_not_grow_with_the_number_of_tensors(batched_counts, detail: str) -> None:
+    small, large = batched_counts[detail]
     assert small > 0
-    assert large == small, f"the recorder issued {small} ops a step for 10 parameter tensors, {large} for 1000"
+    assert large == small, f"the recorder issued {small} ops a step for 10 parameter tensors, {large} for 1000 ({detail})"
 
 
 @pytest.mark.slow

@@ -1269,8 +1269,10 @@ class TorchRecorder:
         # the gradient before clipping: fingerprinted here; the optimizer pre-hook
         # reuses this unless clipping (or anything else) changed it in place since.
         # The last item: its fingerprint, the grad record of a loop without an optimizer
-        if not self._sentinel and self.policy.stats and (batched_torch.enabled_for(g.device) or _small_on_cpu(g)):
-            # in one batch with the others, when backward returns (``_flush_grads``)
+        if self.policy.stats and (batched_torch.enabled_for(g.device) or (not self._sentinel and _small_on_cpu(g))):
+            # in one batch with the others, when backward returns (``_flush_grads``); a
+            # sentinel's norm on an accelerator too (from the batch's statistics: a constant
+            # number of launches, where a norm each cost two per gradient)
             self._grad_todo.append((p, g))
             self._grad_seen[id(p)] = (weakref.ref(g), _version(g), None, None)
             return
@@ -1294,8 +1296,8 @@ class TorchRecorder:
         t0 = time.perf_counter()
         with torch.no_grad(), _gc_paused():
             pendings = self._begin_many([g for _, g, _ in live])
-        for (p, g, ref), q in zip(live, pendings):
-            seen[id(p)] = (ref, _version(g), q, q)
+        for (p, g, ref), q in zip(live, pendings):  # (a sentinel keeps the norm only: no grad record)
+            seen[id(p)] = (ref, _version(g), q, None if self._sentinel else q)
         self._record_s += time.perf_counter() - t0
 
     @_hook
@@ -1522,7 +1524,7 @@ class TorchRecorder:
         sq = 0.0
         norms = [q for q in self._pre_clip if isinstance(q, torch.Tensor)]  # no stats: norm tensors
         if norms and len({q.device for q in norms}) == 1:  # one host transfer, the same floats
-            norm_values = iter(torch.stack([q.to(torch.float64) for q in norms]).tolist())
+            norm_values = iter(torch.stack(norms).to(torch.float64).tolist())  # (float32 norms widen exactly)
         else:
             norm_values = iter([float(q) for q in norms])
         for q in self._pre_clip:
