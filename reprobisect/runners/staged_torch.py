@@ -17,6 +17,11 @@ recorder flushes before it finishes a step's pendings. Fingerprints are bit-iden
 the per-tensor path's (the copy holds the tensor's values in its logical order, which is
 what a fingerprint reads); statistics equal them up to float64 rounding, as on the batched
 path. Nothing synchronises with the host, and every op is deterministic.
+
+Copies and flushes go on the current stream, so a buffer is reused only after the work that
+reads it (stream order). A forward run on a side stream must hand its outputs back to the
+step's stream, as torch asks of any consumer (``wait_stream``); the per-tensor path assumed
+the same.
 """
 
 from __future__ import annotations
