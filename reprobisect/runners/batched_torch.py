@@ -50,7 +50,7 @@ import torch
 from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.trace.fingerprint import ROW
 
-__all__ = ["Batch", "begin_many", "enabled_for", "force"]
+__all__ = ["Batch", "begin_many", "enabled_for", "force", "takes"]
 
 SLOTS = (16, 256, ROW)  # lanes per slot, per class: at most 16x padding on tiny tensors
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -86,6 +86,11 @@ def _cpu_forced() -> bool:
 def enabled_for(device: torch.device) -> bool:
     """Whether tensors on ``device`` are fingerprinted in batches."""
     return device.type != "cpu" or _cpu_forced()
+
+
+def takes(t: torch.Tensor) -> bool:
+    """Whether ``begin_many`` fingerprints ``t`` in a batch (else on the per-tensor path)."""
+    return enabled_for(t.device) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES
 
 
 def _eligible(t: torch.Tensor) -> bool:
@@ -366,10 +371,9 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     dtype that ``enabled_for`` their device take the batched path together (no host sync)."""
     out: list[Any] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    cpu = _cpu_forced()
     alone: list[int] = []  # one by one on their device (CPU: the native kernel, in one call)
     for k, t in enumerate(tensors):
-        if (cpu or not t.is_cpu) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES:
+        if takes(t):
             groups.setdefault((t.device, t.dtype), []).append(k)
         else:
             alone.append(k)

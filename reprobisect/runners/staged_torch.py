@@ -40,11 +40,7 @@ def takes(t: torch.Tensor) -> bool:
     """Whether ``t`` is staged rather than fingerprinted at once: a plain floating tensor on a
     device that is fingerprinted in batches (an accelerator, or CPU when forced), of at most
     ``LIMIT_BYTES`` (a larger one's few ops are nothing next to its size)."""
-    return (
-        batched_torch.enabled_for(t.device)
-        and batched_torch._eligible(t)
-        and t.numel() * t.element_size() <= LIMIT_BYTES
-    )
+    return batched_torch.takes(t) and t.numel() * t.element_size() <= LIMIT_BYTES
 
 
 class _Buffer:
@@ -77,11 +73,7 @@ class Stage:
             self._make_room(buf, t, n)
         assert buf.data is not None
         view = buf.data[buf.used : buf.used + n].view(t.shape)
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                view.copy_(t)
-        else:
-            view.copy_(t)
+        view.copy_(t.detach())  # (detached: the buffer joins no graph, whatever the grad mode)
         buf.used += n
         p = fpt.Pending(dtype=fpt._name(t.dtype), shape=tuple(t.shape), nbytes=n * t.element_size(),
                         row_sums=None, stats=None, numel=n)  # type: ignore[arg-type]
@@ -99,7 +91,6 @@ class Stage:
             cap = min(limit, max(n, 2 * cap, 1 << 16))
             buf.data = None  # (the allocator reuses it after the work already queued on it)
             buf.data = torch.empty(cap, dtype=t.dtype, device=t.device)
-        buf.used = 0
 
     def _flush(self, buf: _Buffer) -> None:
         waiting, buf.waiting = buf.waiting, []
