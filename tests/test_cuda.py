@@ -254,22 +254,21 @@ def test_fp16_amp_steps_the_scaler_skips_are_their_own_steps(tmp_path):
 # -- the batched path (runners.batched_torch): the default for tensors on the GPU ---------------
 
 
-def test_batched_fingerprints_on_the_device_equal_the_host_reference():
+def _batched_deterministically(ts: list) -> tuple[list, list]:
+    """``batched_torch.begin_many`` and ``finish_many`` of ``ts`` under deterministic algorithms."""
     from reprobisect.runners import batched_torch as bt
 
-    g = torch.Generator(device="cuda").manual_seed(1)
-    ts = [(torch.randn(n, generator=g, device="cuda") * 3).to(dt)
-          for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-          for n in (1, 17, 257, ROW - 1, ROW + 1, 3 * ROW + 5)]
-    ts += [torch.randn(40, 24, device="cuda").t(), torch.tensor([1.0, float("nan"), float("inf")], device="cuda")]
     torch.use_deterministic_algorithms(True)
     try:
         pend = bt.begin_many(ts)
-        got = ft.finish_many(pend)
+        return pend, ft.finish_many(pend)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert all(p.batch is not None for p in pend)
-    for t, (fp, s) in zip(ts, got):
+
+
+def _assert_equal_to_the_host(ts: list, got: list) -> None:
+    """Device results equal the host's: fingerprints bit for bit, statistics up to float64 rounding."""
+    for t, (fp, s) in zip(ts, got, strict=True):
         host = t.cpu()
         assert fp == ft.fingerprint(host)
         want = ft.fingerprint_and_stats(host)[1]
@@ -277,6 +276,36 @@ def test_batched_fingerprints_on_the_device_equal_the_host_reference():
         for k in ("norm", "mean"):
             if not isinstance(want[k], str):
                 assert s[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
+
+
+def test_batched_fingerprints_on_the_device_equal_the_host_reference():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ts = [(torch.randn(n, generator=g, device="cuda") * 3).to(dt)
+          for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+          for n in (1, 17, 257, ROW - 1, ROW + 1, 3 * ROW + 5)]
+    ts += [torch.randn(40, 24, device="cuda").t(), torch.tensor([1.0, float("nan"), float("inf")], device="cuda")]
+    pend, got = _batched_deterministically(ts)
+    assert all(p.batch is not None for p in pend)
+    _assert_equal_to_the_host(ts, got)
+
+
+def test_the_triton_kernel_computes_the_rows_and_reads_large_tensors_in_place(monkeypatch):
+    """On a GPU with Triton the batched rows and a large tensor's come from one kernel
+    (``runners.triton_rows``), which passes its self-check and gives the host reference's
+    fingerprints; nothing raises under deterministic algorithms."""
+    pytest.importorskip("triton")
+    from reprobisect.runners import batched_torch as bt
+
+    monkeypatch.setattr(bt, "MAX_TENSOR_BYTES", 1 << 16)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    dts = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    ts = [(torch.randn(n, generator=g, device="cuda") * 3).to(dt) for dt in dts for n in (5, 300, ROW + 3, 9 * ROW + 2)]
+    ts[1][7] = float("nan")
+    pend, got = _batched_deterministically(ts)
+    status = bt.fused_status()
+    assert all(status[f"{ts[0].device} {ft._name(dt)}"] == "on" for dt in dts), status
+    assert all(p.batch is not None for p in pend)
+    _assert_equal_to_the_host(ts, got)
 
 
 def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkeypatch):

@@ -26,6 +26,11 @@ tensors:
 4. the results of the group are one int64 tensor on the device; ``fingerprint_torch.
    finish_many`` brings every group of a step to the host in one copy per device.
 
+On CUDA with Triton, steps 2 and 3's row sums and slot statistics come from one kernel
+(``triton_rows``) that reads each packed byte once, one launch per slot class, after a
+self-check against these torch ops for each device and dtype (``fused_ok``); the kernel
+also reads a tensor too large for a batch in place (``begin``), without the packing copy.
+
 No host synchronisation happens before that copy, and every op used is deterministic
 (nothing raises under ``torch.use_deterministic_algorithms(True)``). Statistics equal the
 per-tensor torch path's up to float64 rounding (the summation order differs).
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +54,10 @@ import numpy as np
 import torch
 
 from reprobisect.runners import fingerprint_torch as fpt
+from reprobisect.runners import triton_rows
 from reprobisect.trace.fingerprint import ROW
 
-__all__ = ["Batch", "begin_many", "enabled_for", "force", "takes"]
+__all__ = ["Batch", "begin", "begin_many", "enabled_for", "force", "fused_ok", "fused_status", "takes"]
 
 SLOTS = (16, 256, ROW)  # lanes per slot, per class: at most 16x padding on tiny tensors
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -93,6 +100,80 @@ def takes(t: torch.Tensor) -> bool:
     return enabled_for(t.device) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES
 
 
+_fused: dict[tuple[torch.device, torch.dtype], bool] = {}
+_fused_why: dict[str, str] = {}
+
+
+def fused_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel (``triton_rows``) computes the rows of ``dtype`` groups on
+    ``device``: decided once per device and dtype, by a self-check against the torch ops."""
+    key = (device, dtype)
+    ok = _fused.get(key)
+    if ok is None:
+        why = _fused_unusable(device, dtype)
+        ok = _fused[key] = why is None
+        _fused_why[f"{device} {fpt._name(dtype)}"] = why or "on"
+    return ok
+
+
+def fused_status() -> dict[str, str]:
+    """For each device and dtype the batched path has met: "on", or why the torch ops
+    compute its rows instead."""
+    return dict(_fused_why)
+
+
+def _fused_unusable(device: torch.device, dtype: torch.dtype) -> str | None:
+    m = triton_rows.mode()
+    if m == "off":
+        return "off (REPROBISECT_FP_TRITON=0)"
+    if m == "auto" and device.type != "cuda":
+        return f"off on {device.type} (the kernel is for CUDA; REPROBISECT_FP_TRITON=1 forces it)"
+    err = triton_rows.import_error()
+    if err is not None:
+        return err
+    try:
+        bad = _fused_mismatch(device, dtype)
+    except Exception as e:  # a Triton that cannot compile for this device: the torch ops stand
+        bad = f"the kernel failed ({type(e).__name__}: {e})"
+    if bad is not None:
+        print(f"reprobisect: the Triton fingerprint kernel is not used on {device}: {bad}", file=sys.stderr)
+    return bad
+
+
+def _fused_mismatch(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the kernel's results differ from the torch ops' on tensors of every slot class,
+    padding, NaN and Inf (None: they agree: the same fingerprints, the same statistics up to
+    float64 rounding)."""
+    g = torch.Generator().manual_seed(12)
+    shapes = [(), (5,), (16,), (33,), (300,), (ROW + 7,), (3, ROW), (64, 65)]
+    ts = [(torch.randn(s, generator=g, dtype=torch.float64) * 100).to(dtype).to(device) for s in shapes]
+    ts[1], ts[5] = ts[1].abs() + 1, -ts[5].abs() - 1  # padding (zeros) must become neither min nor max
+    ts[3][1] = float("nan")
+    ts[4][2], ts[4][5] = float("inf"), float("-inf")
+    for with_stats in (True, False):
+        want = fpt.finish_many(_begin_group(ts, with_stats, fused=False))
+        got = fpt.finish_many(_begin_group(ts, with_stats, fused=True))
+        for shape, (f_want, s_want), (f_got, s_got) in zip(shapes, want, got):
+            if f_want != f_got:
+                return f"the fingerprint of a {fpt._name(dtype)} tensor of shape {shape} differs"
+            if not _same_stats(s_want, s_got):
+                return f"the statistics of a {fpt._name(dtype)} tensor of shape {shape} differ: {s_got} != {s_want}"
+    return None
+
+
+def _same_stats(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    for key, x in a.items():
+        y = b.get(key)
+        if key in ("norm", "mean") and isinstance(x, float) and isinstance(y, float):
+            if not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif x != y:
+            return False
+    return a.keys() == b.keys()
+
+
 def _eligible(t: torch.Tensor) -> bool:
     # a plain tensor or parameter (a subclass of either may hold anything: the per-tensor path)
     return (
@@ -120,6 +201,7 @@ class _Class:
     mask: torch.Tensor | None = None  # bool, (n or len(padded), elements per slot); None: no padding
     padded: torch.Tensor | None = None  # local indices of the masked slots (ROW class only)
     padded_slots: tuple[int, ...] = ()  # their global slot indices
+    valid: torch.Tensor | None = None  # fused: int32 real elements per slot; None: no padding
 
 
 @dataclass
@@ -134,8 +216,10 @@ class _Combine:
 class _Layout:
     """Where each tensor of one (device, dtype, shapes) group lives in the packed buffer."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, ...], ...],
+                 fused: bool = False) -> None:
         es = torch.empty((), dtype=dtype).element_size()
+        self.fused = fused  # row sums and slot statistics by the Triton kernel (``triton_rows``)
         numels = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         lanes = [-(-n * es // 4) for n in numels]
         cls_of = [next(c for c, s in enumerate(SLOTS) if ln <= s or s == ROW) for ln in lanes]
@@ -203,6 +287,13 @@ class _Layout:
         if all(numels[k] == self.rows[k][1] * per_slot for k in mine):
             return  # no padding anywhere in this class
         dev = self.device
+        if self.fused:  # the kernel masks each slot past its count of real elements
+            valid = np.full(cl.n, per_slot, dtype=np.int32)
+            for k in mine:
+                s0, n = self.rows[k]
+                valid[s0 + n - 1 - cl.slot0] = numels[k] - (n - 1) * per_slot
+            cl.valid = torch.from_numpy(valid).to(dev)
+            return
         if cl.lanes != ROW:
             valid = np.zeros(cl.n * per_slot, dtype=bool)
             for k in mine:
@@ -223,6 +314,7 @@ class _Layout:
         # class's padded slots again, masked (the combine reads those instead)
         neutral = self.total_slots
         remap = {slot: neutral + 1 + j for cl in self.classes for j, slot in enumerate(cl.padded_slots)}
+        # (fused: no masked copies; every slot's own column is already masked)
         by_width: dict[int, list[int]] = {}
         for k, (_s0, n) in enumerate(self.rows):
             width = 1
@@ -239,11 +331,11 @@ class _Layout:
         return out
 
 
-def _layout(device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, ...], ...]) -> _Layout:
-    key = (device, dtype, shapes)
+def _layout(device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, ...], ...], fused: bool) -> _Layout:
+    key = (device, dtype, shapes, fused)
     lay = _layouts.get(key)
     if lay is None:
-        lay = _layouts[key] = _Layout(device, dtype, shapes)
+        lay = _layouts[key] = _Layout(device, dtype, shapes, fused)
         while len(_layouts) > _MAX_LAYOUTS:
             _layouts.popitem(last=False)
     else:
@@ -345,14 +437,37 @@ def _tensor_stats(lay: _Layout, slot: torch.Tensor) -> tuple[torch.Tensor, list[
     return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)), cols
 
 
-def _begin_group(ts: list[torch.Tensor], with_stats: bool) -> list[fpt.Pending]:
+def _fused_rows(lay: _Layout, with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``_row_sums`` and ``_slot_stats`` by the Triton kernel: one launch per slot class
+    (and one copy for the neutral column), each packed byte read once."""
+    dev, n = lay.device, lay.total_slots
+    w = fpt._device_weights(dev)
+    sums = torch.empty(n, dtype=torch.int64, device=dev)
+    slot = None
+    if with_stats:
+        slot = torch.empty(_STATS, n + 1, dtype=torch.float64, device=dev)
+        slot[:, n:].copy_(lay.neutral)
+    for cl in lay.classes:
+        a, b = cl.slot0, cl.slot0 + cl.n
+        triton_rows.rows(lay.lanes(cl).view(-1), lay.values(cl).view(-1) if with_stats else None, cl.lanes, w,
+                         sums[a:b], slot[:, a:b] if slot is not None else None, cl.valid)
+    return sums, slot
+
+
+def _begin_group(ts: list[torch.Tensor], with_stats: bool, fused: bool | None = None) -> list[fpt.Pending]:
     t0 = ts[0]
-    lay = _layout(t0.device, t0.dtype, tuple(tuple(t.shape) for t in ts))
+    if fused is None:
+        fused = fused_ok(t0.device, t0.dtype)
+    lay = _layout(t0.device, t0.dtype, tuple(tuple(t.shape) for t in ts), fused)
     lay.fill(ts)
-    sums = _row_sums(lay)
+    if fused:
+        sums, slot = _fused_rows(lay, with_stats)
+    else:
+        sums, slot = _row_sums(lay), (_slot_stats(lay) if with_stats else None)
     cols = None
     if with_stats:
-        st, cols = _tensor_stats(lay, _slot_stats(lay))
+        assert slot is not None
+        st, cols = _tensor_stats(lay, slot)
         result = torch.cat([sums, st.reshape(-1).view(torch.int64)])
     else:
         result = sums
@@ -366,6 +481,46 @@ def _begin_group(ts: list[torch.Tensor], with_stats: bool) -> list[fpt.Pending]:
     ]
 
 
+def _solo_ok(t: torch.Tensor) -> bool:
+    """Whether the kernel reads ``t`` in place, on its own (a tensor too large for a batch)."""
+    return (
+        enabled_for(t.device)
+        and _eligible(t)
+        and t.is_contiguous()
+        and (t.numel() * t.element_size()) % 4 == 0
+        and t.data_ptr() % 4 == 0
+        and fused_ok(t.device, t.dtype)
+    )
+
+
+def _begin_solo(t: torch.Tensor, with_stats: bool) -> fpt.Pending:
+    """``t``'s fingerprint by the kernel over its own bytes (no packing copy): one launch for
+    its rows, and a few ops that combine their statistics."""
+    x = t.detach().reshape(-1)
+    lanes = x.view(torch.int32)
+    n = -(-lanes.numel() // ROW)
+    dev = t.device
+    sums = torch.empty(n, dtype=torch.int64, device=dev)
+    st = torch.empty(_STATS, n, dtype=torch.float64, device=dev) if with_stats else None
+    triton_rows.rows(lanes, x if with_stats else None, ROW, fpt._device_weights(dev), sums, st)
+    result = sums
+    if st is not None:
+        tot = torch.cat([st[:2].sum(1), st[2:3].amin(1), st[3:4].amax(1), st[4:].sum(1)])
+        result = torch.cat([sums, tot.view(torch.int64)])
+    batch = Batch(result, [(0, n)], [0] if with_stats else None, n)
+    return fpt.Pending(dtype=fpt._name(t.dtype), shape=tuple(t.shape), nbytes=t.numel() * t.element_size(),
+                       row_sums=None, stats=None, numel=t.numel(), batch=batch, index=0)  # type: ignore[arg-type]
+
+
+def begin(t: torch.Tensor, with_stats: bool = True) -> fpt.Pending:
+    """``fingerprint_torch.begin``, or the kernel over ``t``'s own bytes where it runs (a
+    large tensor on a GPU: one pass instead of a dozen)."""
+    if _solo_ok(t):
+        with torch.no_grad():
+            return _begin_solo(t, with_stats)
+    return fpt.begin(t, with_stats=with_stats)
+
+
 def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt.Pending]:
     """``fingerprint_torch.begin`` for each tensor, in order; the tensors of one device and
     dtype that ``enabled_for`` their device take the batched path together (no host sync)."""
@@ -375,6 +530,8 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     for k, t in enumerate(tensors):
         if takes(t):
             groups.setdefault((t.device, t.dtype), []).append(k)
+        elif _solo_ok(t):
+            out[k] = begin(t, with_stats)
         else:
             alone.append(k)
     for k, p in zip(alone, fpt.begin_many([tensors[k] for k in alone], with_stats=with_stats)):

@@ -434,7 +434,7 @@ class TorchRecorder:
         t = _local(t)
         if staged_torch.takes(t):
             return self._stage.begin(t)
-        return fpt.begin(t, with_stats=self.policy.stats)
+        return batched_torch.begin(t, with_stats=self.policy.stats)
 
     def _begin_many(self, ts: list[torch.Tensor]) -> list[fpt.Pending]:
         """``_begin`` for tensors ready at one moment: the cache misses are fingerprinted

@@ -340,6 +340,9 @@ def throughput(sizes_mib: list[int], repeats: int = 5) -> list[dict]:
         paths = {"per_tensor": lambda s, t=t: fpt.finish_many([fpt.begin(t, with_stats=s)]),
                  "batched": lambda s, t=t: fpt.finish_many(batched_torch.begin_many([t], with_stats=s))}
         batched_torch.force(True)
+        if batched_torch.fused_ok(t.device, t.dtype):  # the Triton kernel over the tensor's own bytes
+            paths["kernel"] = lambda s, t=t: fpt.finish_many([batched_torch.begin(t, with_stats=s)])
+        row["kernel_status"] = batched_torch.fused_status().get(f"{t.device} float32")
         try:
             for path, fn in paths.items():
                 for stats in (False, True):
