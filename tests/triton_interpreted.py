@@ -122,6 +122,38 @@ def test_a_large_tensor_is_read_in_place_by_the_kernel(monkeypatch) -> None:
     assert got[0][1]["inf"] == 1 and got[0][1]["max"] == "inf"
 
 
+def _group_ops(ts: list[torch.Tensor], monkeypatch) -> tuple[int, int]:
+    """Torch ops (not counting the interpreter's own, inside a launch) and kernel launches of
+    one ``begin_many`` + ``finish_many`` over ``ts``, after the layout is built."""
+    from test_recorder_ops import _Count
+
+    real, inside = triton_rows.rows, [0, 0]
+
+    def counted(*args, **kwargs):
+        c = _Count()
+        with c:
+            real(*args, **kwargs)
+        inside[0] += c.n
+        inside[1] += 1
+
+    monkeypatch.setattr(triton_rows, "rows", counted)
+    fpt.finish_many(bt.begin_many(ts))
+    inside[:] = [0, 0]
+    c = _Count()
+    with c:
+        fpt.finish_many(bt.begin_many(ts))
+    monkeypatch.undo()
+    return c.n - inside[0], inside[1]
+
+
+def test_a_group_costs_a_launch_per_slot_class_and_a_few_ops(monkeypatch) -> None:
+    g = torch.Generator().manual_seed(1)
+    for n in (8, 80):  # tiny (16-lane slots), 256-lane and ROW-lane slots, with padding
+        ts = [torch.randn(s, generator=g) for s in [3] * (n // 2) + [200] * (n // 4) + [5000] * (n // 4)]
+        ops, launches = _group_ops(ts, monkeypatch)
+        assert launches == 3 and ops <= 16, (n, ops, launches)  # the torch ops alone: ~50 for the same group
+
+
 def test_a_kernel_that_disagrees_with_the_torch_ops_is_not_used(monkeypatch, capsys, tensors) -> None:
     real = triton_rows.rows
 
