@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["import_error", "mode", "rows"]
+__all__ = ["constexprs", "import_error", "mode", "rows"]
 
 _BLOCK = 1024  # elements a program reads at a time (bounds its registers)
 _kernel: Any = None
@@ -68,13 +68,19 @@ def rows(lanes: torch.Tensor, values: torch.Tensor | None, width: int, weights: 
     if kernel is None:
         raise RuntimeError(_import_error)
     n_lanes = lanes.numel()
-    n = -(-n_lanes // width)
-    epr = width * 4 // values.element_size() if values is not None else 1
     with_stats = stats is not None and values is not None
-    kernel[(n,)](
-        lanes, values if values is not None else lanes, weights, valid if valid is not None else lanes,
+    es = values.element_size() if with_stats else 4
+    kernel[(-(-n_lanes // width),)](
+        lanes, values if with_stats else lanes, weights, valid if valid is not None else lanes,
         sums, stats if with_stats else sums, stats.stride(0) if with_stats else 0, n_lanes,
-        values.numel() if values is not None else 0,
-        LANES=width, EPR=epr, BL=min(width, _BLOCK), BE=min(epr, _BLOCK), STATS=with_stats, VALID=valid is not None,
-        HALF=with_stats and values.element_size() == 2,
+        values.numel() if with_stats else 0, **constexprs(width, es, with_stats, valid is not None),
+        enable_fp_fusion=False,  # no FMA contraction: the statistics are what the source says, on any GPU
     )
+
+
+def constexprs(width: int, element_size: int, with_stats: bool, valid: bool) -> dict[str, Any]:
+    """The kernel's compile-time arguments for rows of ``width`` lanes of elements of
+    ``element_size`` bytes (one compiled variant per distinct set)."""
+    epr = width * 4 // element_size if with_stats else 1
+    return {"LANES": width, "EPR": epr, "BL": min(width, _BLOCK), "BE": min(epr, _BLOCK), "STATS": with_stats,
+            "VALID": valid, "HALF": with_stats and element_size == 2}

@@ -461,7 +461,8 @@ def main(argv=None) -> int:
         for name in args.models.split(","):
             results.append(bench(name, args.rounds, args.steps, args.quick, Path(tmp)))
     if args.json:
-        out = {"device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        out = {"device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+               "triton_kernel": batched_torch.fused_status()}  # per device and dtype: "on", or why not
         out.update({r["model"]: r for r in results})
         print(json.dumps(out, indent=1))
         return 0
