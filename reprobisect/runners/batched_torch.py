@@ -57,7 +57,7 @@ from reprobisect.runners import fingerprint_torch as fpt
 from reprobisect.runners import triton_rows
 from reprobisect.trace.fingerprint import ROW
 
-__all__ = ["Batch", "begin", "begin_many", "enabled_for", "force", "fused_ok", "fused_status", "takes"]
+__all__ = ["Batch", "begin", "begin_many", "enabled_for", "force", "fused_ok", "fused_status", "on_batched_device", "takes"]
 
 SLOTS = (16, 256, ROW)  # lanes per slot, per class: at most 16x padding on tiny tensors
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -97,7 +97,12 @@ def enabled_for(device: torch.device) -> bool:
 
 def takes(t: torch.Tensor) -> bool:
     """Whether ``begin_many`` fingerprints ``t`` in a batch (else on the per-tensor path)."""
-    return enabled_for(t.device) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES
+    return on_batched_device(t) and _eligible(t) and t.numel() * t.element_size() <= MAX_TENSOR_BYTES
+
+
+def on_batched_device(t: torch.Tensor) -> bool:
+    """``enabled_for(t.device)``, without building the device object (called per tensor)."""
+    return not t.is_cpu or _cpu_forced()
 
 
 _fused: dict[tuple[torch.device, torch.dtype], bool] = {}
@@ -484,7 +489,7 @@ def _begin_group(ts: list[torch.Tensor], with_stats: bool, fused: bool | None = 
 def _solo_ok(t: torch.Tensor) -> bool:
     """Whether the kernel reads ``t`` in place, on its own (a tensor too large for a batch)."""
     return (
-        enabled_for(t.device)
+        on_batched_device(t)
         and _eligible(t)
         and t.is_contiguous()
         and (t.numel() * t.element_size()) % 4 == 0
@@ -528,7 +533,9 @@ def begin_many(tensors: list[torch.Tensor], with_stats: bool = True) -> list[fpt
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     alone: list[int] = []  # one by one on their device (CPU: the native kernel, in one call)
     for k, t in enumerate(tensors):
-        if takes(t):
+        if not on_batched_device(t):  # a CPU tensor, not forced: the native kernel
+            alone.append(k)
+        elif takes(t):
             groups.setdefault((t.device, t.dtype), []).append(k)
         elif _solo_ok(t):
             out[k] = begin(t, with_stats)

@@ -1269,7 +1269,7 @@ class TorchRecorder:
         # the gradient before clipping: fingerprinted here; the optimizer pre-hook
         # reuses this unless clipping (or anything else) changed it in place since.
         # The last item: its fingerprint, the grad record of a loop without an optimizer
-        if self.policy.stats and (batched_torch.enabled_for(g.device) or (not self._sentinel and _small_on_cpu(g))):
+        if self.policy.stats and (batched_torch.on_batched_device(g) or (not self._sentinel and _small_on_cpu(g))):
             # in one batch with the others, when backward returns (``_flush_grads``); a
             # sentinel's norm on an accelerator too (from the batch's statistics: a constant
             # number of launches, where a norm each cost two per gradient)
