@@ -308,6 +308,20 @@ def test_the_triton_kernel_computes_the_rows_and_reads_large_tensors_in_place(mo
     _assert_equal_to_the_host(ts, got)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_the_triton_kernel_runs_on_the_tensors_device_not_the_current_one(monkeypatch):
+    """A model spread over GPUs in one process: a tensor on cuda:1 while cuda:0 is current."""
+    pytest.importorskip("triton")
+    from reprobisect.runners import batched_torch as bt
+
+    monkeypatch.setattr(bt, "MAX_TENSOR_BYTES", 1 << 16)
+    ts = [torch.randn(n, device="cuda:1") for n in (5, 300, 9 * ROW + 2)]
+    with torch.cuda.device(0):
+        pend, got = _batched_deterministically(ts)
+    assert bt.fused_status()["cuda:1 float32"] == "on"
+    _assert_equal_to_the_host(ts, got)
+
+
 def test_a_batched_step_makes_no_host_sync_before_the_steps_end(tmp_path, monkeypatch):
     """The batched fingerprints of grads, params, optimizer state and the staged activations
     never synchronise (once a set of shapes has its layout): the step's one copy to the host

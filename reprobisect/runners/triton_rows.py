@@ -19,6 +19,7 @@ is imported): how the tests run the kernel on a machine without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -70,12 +71,15 @@ def rows(lanes: torch.Tensor, values: torch.Tensor | None, width: int, weights: 
     n_lanes = lanes.numel()
     with_stats = stats is not None and values is not None
     es = values.element_size() if with_stats else 4
-    kernel[(-(-n_lanes // width),)](
-        lanes, values if with_stats else lanes, weights, valid if valid is not None else lanes,
-        sums, stats if with_stats else sums, stats.stride(0) if with_stats else 0, n_lanes,
-        values.numel() if with_stats else 0, **constexprs(width, es, with_stats, valid is not None),
-        enable_fp_fusion=False,  # no FMA contraction: the statistics are what the source says, on any GPU
-    )
+    # Triton launches on the current device and stream, not the tensors': a model spread over
+    # GPUs in one process has tensors on others
+    with torch.cuda.device(lanes.device) if lanes.is_cuda else contextlib.nullcontext():
+        kernel[(-(-n_lanes // width),)](
+            lanes, values if with_stats else lanes, weights, valid if valid is not None else lanes,
+            sums, stats if with_stats else sums, stats.stride(0) if with_stats else 0, n_lanes,
+            values.numel() if with_stats else 0, **constexprs(width, es, with_stats, valid is not None),
+            enable_fp_fusion=False,  # no FMA contraction: the statistics are what the source says, on any GPU
+        )
 
 
 def constexprs(width: int, element_size: int, with_stats: bool, valid: bool) -> dict[str, Any]:
