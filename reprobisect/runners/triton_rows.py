@@ -11,7 +11,7 @@ min, max, NaN count and Inf count (min and max are NaN where the row holds a NaN
 
 Used only where ``batched_torch`` finds it usable: a CUDA device with Triton importable
 (CUDA builds of torch ship it), after a self-check on that device against the torch-op path
-(``batched_torch._fused_ok``); anything else, or ``REPROBISECT_FP_TRITON=0``, keeps the
+(``batched_torch.fused_ok``); anything else, or ``REPROBISECT_FP_TRITON=0``, keeps the
 torch-op path, which gives the same fingerprints. ``REPROBISECT_FP_TRITON=1`` uses it on any
 device, which on CPU means Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton
 is imported): how the tests run the kernel on a machine without a GPU.
