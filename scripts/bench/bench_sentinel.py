@@ -26,6 +26,13 @@ CPU time), and the time spent inside the recorder (every hook, the step's end, w
 to the next iteration's start) per step and as ``1 + recorder time / plain time``
 (``cost_ratio``): on a shared machine whole-step ratios move by more than a sentinel
 costs, the recorder's own time does not.
+
+The memory floor of a sentinel step: the bytes it must read (every parameter, fingerprinted
+after the step, and every gradient, for the total norm) at the speed of a same-run copy of
+as many bytes (``bench_recorder``'s floor, issue 12 item 5). ``floor_ms_per_step`` is that
+time and ``floor`` each recorded mode's recorder time over it: near 1, the sentinel costs
+what reading its bytes costs, and only a model with fewer parameter bytes per step time
+makes it cheaper.
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_recorder, also when loaded by path
 
 import mlp as mlp_example  # noqa: E402
 import transformer as tf_example  # noqa: E402
 
+from bench_recorder import _copy_seconds  # noqa: E402
 from reprobisect.runners import torch_state  # noqa: E402
 from reprobisect.runners.torch import RecordPolicy, TorchRecorder  # noqa: E402
 from reprobisect.trace.format import DEFAULT_STATE_EVERY  # noqa: E402
@@ -148,6 +157,7 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
                 rec.remove()
                 writer.close()
             record_s[mode] += sum(s.scalars.get("record_s", 0.0) for s in _steps(tmp / f"{mode}-{r}"))
+    floor_s = _copy_seconds(_sentinel_bytes(stateful[0]))
     total = {m: sum(v) for m, v in wall.items()}
     ctotal = {m: sum(v) for m, v in cpu.items()}
     n = rounds * chunk
@@ -161,7 +171,14 @@ def bench(steps: int, chunk: int, modes: list[str], hidden: int, tmp: Path, mode
         "record_ms_per_step": {m: round(v / (rounds * (chunk + 1)) * 1e3, 3) for m, v in record_s.items() if m != "plain"},
         "recorder_ms_per_step": {m: round(v / n * 1e3, 3) for m, v in inside.items() if m != "plain"},
         "cost_ratio": {m: round(1 + v / total["plain"], 4) for m, v in inside.items() if m != "plain"},
+        "floor_ms_per_step": round(floor_s * 1e3, 3),
+        "floor": {m: round(v / n / floor_s, 3) for m, v in inside.items() if m.startswith("sentinel")},
     }
+
+
+def _sentinel_bytes(model: torch.nn.Module) -> int:
+    """The bytes a sentinel step reads: each parameter (its fingerprint) and its gradient (the norm)."""
+    return 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def _middle_half(values: list[float]) -> list[float]:
@@ -225,9 +242,11 @@ def main(argv=None) -> int:
         return 0
     what = f"MLP hidden {res['hidden']}" if res["model"] == "mlp" else "transformer"
     print(f"torch {torch.__version__}, {res['threads']} threads; {what}, {res['steps_per_mode']} "
-          f"steps per mode in chunks of {res['chunk']}; plain step {res['plain_step_ms']} ms")
+          f"steps per mode in chunks of {res['chunk']}; plain step {res['plain_step_ms']} ms; "
+          f"memory floor of a sentinel step {res['floor_ms_per_step']} ms")
     for m in modes:
-        extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x"
+        floor = f", {res['floor'][m]:.2f}x the floor" if m in res["floor"] else ""
+        extra = (f", inside the recorder {res['recorder_ms_per_step'][m]} ms/step: {res['cost_ratio'][m]:.4f}x{floor}"
                  if m in res["recorder_ms_per_step"] else "")
         spread = res["ratio_spread"].get(m)
         within = f" (chunks' middle half {spread[0]:.3f}-{spread[1]:.3f}x)" if spread else ""
