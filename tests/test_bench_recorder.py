@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_recorder_under_test", ROOT / "scripts" / "bench" / "bench_recorder.py")
+def _bench(script: str = "bench_recorder"):
+    spec = importlib.util.spec_from_file_location(f"{script}_under_test", ROOT / "scripts" / "bench" / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(ROOT / "examples"))
     try:
@@ -62,18 +62,11 @@ def test_a_verdict_is_inconclusive_when_the_rounds_straddle_the_limit():
     assert bench._verdict((med, lo, hi), 0.9) is False
 
 
-def _bench_sentinel():
-    spec = importlib.util.spec_from_file_location("bench_sentinel_under_test", ROOT / "scripts" / "bench" / "bench_sentinel.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow
 def test_sentinel_bench_puts_each_sentinel_mode_against_the_bytes_a_sentinel_step_reads(tmp_path):
     import torch
 
-    bench = _bench_sentinel()
+    bench = _bench("bench_sentinel")
     frozen = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
     frozen[0].weight.requires_grad_(False)  # no gradient, not updated: nothing a sentinel reads twice
     assert bench._sentinel_bytes(frozen) == 2 * 4 * (4 + 8 + 2)  # float32: biases 4 and 2, the second weight 4 x 2

@@ -30,7 +30,7 @@ costs, the recorder's own time does not.
 The memory floor of a sentinel step: the bytes it must read (every parameter, fingerprinted
 after the step, and every gradient, for the total norm) at the speed of a same-run copy of
 as many bytes (``bench_recorder``'s floor, issue 12 item 5). ``floor_ms_per_step`` is that
-time and ``floor`` each recorded mode's recorder time over it: near 1, the sentinel costs
+time and ``floor`` each sentinel mode's recorder time over it: near 1, the sentinel costs
 what reading its bytes costs, and only a model with fewer parameter bytes per step time
 makes it cheaper.
 """
