@@ -311,7 +311,7 @@ def test_cli(pair, tmp_path):
 
 def test_audit_fields_of_unexpected_types_still_make_a_page(tmp_path):
     """The document is input from another tool (and may gain keys): odd values are shown, never a crash."""
-    doc = {"kind": "reprobisect.audit", "version": 2, "passed": "no", "new_key": {"x": 1},
+    doc = {"kind": "reprobisect.audit", "version": 1, "passed": "no", "new_key": {"x": 1},
            "checks": [{"name": 3, "verdict": None, "traces": {"a": 5}, "history": [], "culprit": "abc",
                        "first_divergence": {"step": "?", "rank": 2}, "wall_s": float("nan"), "noise": {"max_rel": "x"}},
                       {}],
@@ -338,7 +338,8 @@ def test_out_folder_must_exist_and_a_page_is_replaced_whole(comparison_html, pai
     with pytest.raises(UsageError, match="no folder .*create it or pass another --html"):
         write_report(pair, tmp_path / "nowhere" / "r.html")
     out = tmp_path / "r.html"
-    out.write_text("old page")
+    write_report((str(pair / "a"), str(pair / "a")), out)  # an older page of ours: replaced
+    assert out.read_text() != comparison_html.read_text()
     write_report(pair, out)
     assert out.read_text() == comparison_html.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]

@@ -9,6 +9,8 @@ imports nothing of reprobisect but itself, so any layer may render without a cyc
 ``seeds``       ``bisect seeds``
 ``envs``        ``bisect envs`` (and ``format_changes`` for environment diffs)
 ``runs``        ``bisect runs`` (imported from ``reprobisect.render.runs``; it builds on ``comparison``)
+``safe``        ``printable``/``printable_lines``: names from traces and configs with their control
+                characters escaped, for every terminal line, JUnit file and HTML page
 
 The values' own ``to_json`` (trace manifest and steps, session log events, ``Outcome``,
 the comparison's data) stays with them: it is what they persist or embed; the documents

@@ -2,12 +2,15 @@
 
 The document's shape is the contract with ``bisect report`` (``kind: reprobisect.audit``,
 ``version: 1``); keys may be added, none removed or renamed. Reads results by attribute
-only; imports nothing of reprobisect.
+only; imports nothing of reprobisect but ``render.safe``: every name and line from the
+config or a trace is printed with its control characters escaped (``printable``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from reprobisect.render.safe import printable, printable_lines
 
 __all__ = ["audit_json", "render_audit"]
 
@@ -29,7 +32,7 @@ def _check_json(c: Any) -> dict[str, Any]:
 def audit_json(result: Any) -> dict[str, Any]:
     """The audit result document (see ``/docs/audit.md`` and the report's contract)."""
     return {
-        "kind": "reprobisect.audit", "version": 1, "config": result.config, "name": result.name,
+        "kind": "reprobisect.audit", "version": 1, "generator": "reprobisect", "config": result.config, "name": result.name,
         "started": result.started, "wall_s": round(result.wall_s, 3), "passed": bool(result),
         "exit_code": result.exit_code, "revision": result.revision, "update_golden": result.updated,
         "results_dir": result.results_dir,
@@ -41,15 +44,16 @@ def audit_json(result: Any) -> dict[str, Any]:
 
 def render_audit(result: Any) -> str:
     """One line per check, then the culprits and the total."""
-    lines = [f"audit '{result.name}'" + (" (recording goldens)" if result.updated else "")
+    lines = [f"audit '{printable(result.name)}'" + (" (recording goldens)" if result.updated else "")
              + (f" at {result.revision[:10]}" if result.revision else "")]
     for c in result.checks:
-        lines.append(f"  {_MARK[c.verdict]:<12} {c.name} [{c.check}] {c.verdict}: {c.line} ({c.wall_s:.1f}s)")
+        lines.append(f"  {_MARK[c.verdict]:<12} {printable(c.name)} [{printable(c.check)}] {c.verdict}: "
+                     f"{printable(c.line)} ({c.wall_s:.1f}s)")
         if c.culprit is not None:
-            lines.append(f"               auto-bisect: {c.culprit.line}")
+            lines.append(f"               auto-bisect: {printable(c.culprit.line)}")
         if c.trend is not None and not bool(c):
-            since = c.trend.last_pass or "never"
+            since = printable(c.trend.last_pass or "never")
             lines.append(f"               failing {c.trend.failing_nights} night(s); last passed: {since}")
     n = sum(1 for c in result.checks if c)
     lines.append(f"{n}/{len(result.checks)} passed in {result.wall_s:.1f}s")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))

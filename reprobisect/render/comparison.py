@@ -10,12 +10,17 @@ the last step before it after which both traces hold complete state (where a ful
 replay starts). A comparison of multi-rank traces names the rank (``step 0 · rank 1 ·
 input · x``), which other ranks agree there, each rank's own first divergence (``arrived
 through a collective`` where its input agreed), and the distributed findings of each trace.
+Names come from traces (anyone's model, anyone's file): each is shown through
+``render.safe.printable`` and the whole text through ``printable_lines``, so a control
+character in a tensor name is printed as ``\\x1b``, never sent to the terminal.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from reprobisect.render.safe import printable, printable_lines
 
 __all__ = ["comparison_json", "format_number", "render_comparison", "render_divergence", "render_env", "sentinel_text"]
 
@@ -39,7 +44,7 @@ def format_number(x: float | None) -> str:
 
 
 def _short(v: Any, path: str = "") -> str:
-    s = repr(v)
+    s = printable(repr(v))
     if _whole(path):
         return s
     return s if len(s) <= _VALUE_WIDTH else s[: _VALUE_WIDTH - 1] + "…"
@@ -62,13 +67,13 @@ def render_env(env: tuple[Any, ...] | list[Any]) -> list[str]:
     for d in list(env)[:_ENV_SHOWN]:
         tag = "  (info)" if d.info else ""
         if getattr(d, "is_data", False):  # a DVC data version: the file and its short hashes
-            lines.append(f"  {d}{tag}")
+            lines.append(f"  {printable(d)}{tag}")
         elif d.change == "changed":
-            lines.append(f"  {d.key}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
+            lines.append(f"  {printable(d.key)}: {_short(d.a, d.key)} → {_short(d.b, d.key)}{tag}")
         elif d.change == "added":
-            lines.append(f"  {d.key}: only in B = {_short(d.b, d.key)}{tag}")
+            lines.append(f"  {printable(d.key)}: only in B = {_short(d.b, d.key)}{tag}")
         else:
-            lines.append(f"  {d.key}: only in A = {_short(d.a, d.key)}{tag}")
+            lines.append(f"  {printable(d.key)}: only in A = {_short(d.a, d.key)}{tag}")
     if len(env) > _ENV_SHOWN:
         lines.append(f"  … and {len(env) - _ENV_SHOWN} more (--json lists all)")
     return lines
@@ -108,7 +113,7 @@ _LOC = {
 
 def render_divergence(d: Any, *, with_localization: bool = False) -> str:
     """A ``Divergence`` on one line: ``step 0 · activation · encoder.norm (LayerNorm) · max abs 3.1e-07 · 412/1536 elements``."""
-    name = f"{d.name} ({d.module})" if d.module else d.name
+    name = f"{printable(d.name)} ({printable(d.module)})" if d.module else printable(d.name)
     rank = getattr(d, "rank", None)
     parts = [f"step {d.step}", *([f"rank {rank}"] if rank is not None else []), d.kind, name]
     if d.verdict == "missing":
@@ -151,12 +156,12 @@ def sentinel_text(d: Any) -> str:
     s = getattr(d, "sentinel", None) or d.kind
     if s in ("param", "init", "batch"):
         when = {"param": " (after the step)", "init": " (before the first step)", "batch": ""}[s]
-        return f"sentinel {s} '{d.name}'{when}"
+        return f"sentinel {s} '{printable(d.name)}'{when}"
     if s == "loss" and d.name != "loss":
-        return f"sentinel loss '{d.name}'"
+        return f"sentinel loss '{printable(d.name)}'"
     if s == "lr" and "[" in d.name:
-        return f"sentinel lr (group {d.name.split('[', 1)[1].rstrip(']')})"
-    return f"sentinel {s}"
+        return f"sentinel lr (group {printable(d.name.split('[', 1)[1].rstrip(']'))})"
+    return f"sentinel {printable(s)}"
 
 
 def _detail_line(c: Any) -> str:
@@ -178,7 +183,8 @@ def _first_lines(c: Any) -> list[str]:
 
 def render_comparison(c: Any) -> str:
     """The whole ``Comparison`` as text; environment differences come first."""
-    lines = [f"A: {c.a} ({c.status_a}, {len(c.steps_a)} steps)", f"B: {c.b} ({c.status_b}, {len(c.steps_b)} steps)"]
+    lines = [f"A: {printable(c.a)} ({c.status_a}, {len(c.steps_a)} steps)",
+             f"B: {printable(c.b)} ({c.status_b}, {len(c.steps_b)} steps)"]
     lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
     if getattr(c, "ranks", ()):
         lines = [line[:-1] + f", {n} rank{'s' if n != 1 else ''})" for line, n in zip(lines, (c.world_size_a, c.world_size_b))]
@@ -198,7 +204,7 @@ def render_comparison(c: Any) -> str:
         closes = sum(s.close for s in c.per_step)
         if closes:
             lines.append(f"  ({closes} record(s) differ in bits but are within tolerance)")
-        return "\n".join(lines)
+        return printable_lines("\n".join(lines))
     lines.extend(_first_lines(c))
     lines.append("  " + render_divergence(c.first, with_localization=True))
     explanation = getattr(c, "explanation", "")
@@ -226,12 +232,12 @@ def render_comparison(c: Any) -> str:
         )
         more = f" … and {len(differing) - 10} more" if len(differing) > 10 else ""
         lines.append(f"per step (differing/records): {tally}{more}")
-    what = sentinel_text(c.first) if getattr(c.first, "sentinel", None) else f"{c.first.kind} {c.first.name}"
+    what = sentinel_text(c.first) if getattr(c.first, "sentinel", None) else f"{c.first.kind} {printable(c.first.name)}"
     if getattr(c.first, "rank", None) is not None:
         what = f"rank {c.first.rank}, {what}"
     lines.append(f"verdict: DIVERGED at step {c.first.step} ({what})")
     lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def comparison_json(c: Any, zoom: Any = None) -> dict[str, Any]:

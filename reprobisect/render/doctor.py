@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from reprobisect.render.safe import printable_lines
+
 __all__ = ["doctor_json", "render_doctor"]
 
 _LABEL = {"error": "ERROR", "warning": "WARNING", "info": "info"}
@@ -107,4 +109,4 @@ def render_doctor(d: Any) -> str:
     if d.traces:
         lines.append("")
         lines += [f"{label}: {path}" for label, path in d.traces.items()]
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from reprobisect.render.comparison import render_comparison
 from reprobisect.render.repro import escalation_json, escalation_lines, probe_result_json
+from reprobisect.render.safe import printable_lines
 
 __all__ = ["envs_json", "format_changes", "render_envs"]
 
@@ -26,7 +27,7 @@ def format_changes(changes: Iterable[Any], *, include_info: bool = True) -> str:
     if info and include_info:
         lines.append("other environment differences:")
         lines += [f"  {c}" for c in info]
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def render_envs(r: Any) -> str:
@@ -38,7 +39,7 @@ def render_envs(r: Any) -> str:
         lines.append(env if env else "environments: no recorded difference")
     lines.append(text)
     lines += escalation_lines(getattr(r, "escalation", None))
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def envs_json(r: Any) -> dict[str, Any]:

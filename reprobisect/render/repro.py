@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reprobisect.render.comparison import render_comparison
+from reprobisect.render.safe import printable_lines
 
 __all__ = ["escalation_json", "escalation_lines", "probe_report_json", "probe_result_json", "render_probe_report",
            "render_repro", "repro_json"]
@@ -41,7 +42,7 @@ def render_probe_report(report: Any) -> str:
     if report.verdict.verdict == "bad" and report.verdict.comparison is not None:
         lines.append(render_comparison(report.verdict.comparison))
         lines += escalation_lines(getattr(report, "escalation", None))
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def probe_report_json(report: Any) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def render_repro(result: Any) -> str:
         # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def escalation_lines(esc: Any) -> list[str]:

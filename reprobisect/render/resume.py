@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reprobisect.render.safe import printable_lines
+
 __all__ = ["render_resume", "resume_json"]
 
 
@@ -34,7 +36,7 @@ def render_resume(r: Any) -> str:
     lines.append("runs:")
     for s in r.runs:
         lines.append(f"  {s.role:<13} {s.status:<9} {s.steps} step(s)  {' '.join(s.command)}")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def resume_json(r: Any) -> dict[str, Any]:

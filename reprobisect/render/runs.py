@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprobisect.render import render_divergence
+from reprobisect.render.safe import printable_lines
 
 __all__ = [
     "render_result",
@@ -171,7 +172,7 @@ def render_result(r: Any) -> str:
         f"{r.probes} commits judged of {r.range_size} in range, {rounds}, {r.runs} probe runs"
         f" ({r.cached} from cache), {r.wall_s:.1f} s; re-check {recheck}"
     )
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def _verdict_lines(r: Any) -> list[str]:

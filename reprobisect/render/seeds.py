@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprobisect.render.repro import escalation_json, escalation_lines, probe_result_json
+from reprobisect.render.safe import printable_lines
 
 __all__ = ["render_seed_map", "seed_map_json"]
 
@@ -36,7 +37,7 @@ def render_seed_map(m: Any) -> str:
             lt = f"loss {ls['mean']:.6g} ± {ls['std']:.3g}" if ls else "loss n/a"
             gt = f"grad norm {gs['mean']:.6g} ± {gs['std']:.3g}" if gs else "grad norm n/a"
             lines.append(f"  step {s.step}: {lt}; {gt}")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def seed_map_json(m: Any) -> dict[str, Any]:

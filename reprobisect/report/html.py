@@ -2,9 +2,12 @@
 
 One file, nothing fetched: inline CSS, plots as inline SVG (``reprobisect.report.plots``),
 no script, no font, no external URL. Every string that comes from a trace, a log or a
-document is escaped. The file is written atomically (a temp file in the same folder,
-fsynced, then renamed), so a reader never sees half a report and a failed write leaves
-nothing behind.
+document is escaped, its control characters shown as ``\\x1b`` text first
+(``render.safe.printable_lines``). The file is written atomically (a temp file in the
+same folder, fsynced, then renamed), so a reader never sees half a report and a failed
+write leaves nothing behind; and only to a new path or over a page reprobisect wrote (its
+``<meta name='generator' content='reprobisect ...'>``; ``reprobisect.support.outfile``),
+checked before the source is read.
 
 This is the entry point ``bisect audit --html`` calls (``/work/wt/audit_contract.md``):
 ``source`` is a path (an audit result JSON, a folder holding two traces, a ``bisect runs``
@@ -16,16 +19,17 @@ from __future__ import annotations
 import html
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from reprobisect import __version__
 from reprobisect.core.compare import Tolerance
-from reprobisect.errors import UsageError
 from reprobisect.render.comparison import format_number, render_divergence
+from reprobisect.render.safe import printable_lines
 from reprobisect.report import plots
 from reprobisect.report.page import Page, View
 from reprobisect.report.sources import load_page
+from reprobisect.support.outfile import HTML_GENERATOR, atomic_write, check_output_file
 
 __all__ = ["write_report", "render_page"]
 
@@ -50,7 +54,7 @@ code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word
 
 
 def _e(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    return html.escape(printable_lines("" if x is None else x), quote=True)
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, raw: Sequence[int] = ()) -> str:
@@ -197,6 +201,7 @@ def render_page(page: Page) -> str:
         "".join(_view(v, i) for i, v in enumerate(page.views)), _probes(page),
     ])
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='generator' content='{HTML_GENERATOR} {_e(__version__)}'>"
             "<meta name='viewport' content='width=device-width,initial-scale=1'>"
             f"<title>{_e(page.verdict.headline)} · reprobisect</title><style>{_CSS}</style></head>"
             f"<body>{body}</body></html>\n")
@@ -209,21 +214,6 @@ def write_report(source: Any, out_path: str | os.PathLike, *, tolerance: Toleran
     holding two traces, a pair of trace paths, or a ``bisect runs`` session (log or
     folder); ``reprobisect.report.sources``. Bad sources raise ``UsageError`` before
     anything is written."""
-    out = Path(out_path)
-    page = load_page(source, tolerance=tolerance)
-    text = render_page(page)
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"cannot write the report to '{out}': no folder '{folder}'; create it or pass another --html")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    out = check_output_file(out_path, "html", option="--html")  # before the source is read
+    text = render_page(load_page(source, tolerance=tolerance))
+    return atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"), kind="html", option="--html")

@@ -9,18 +9,27 @@ the maximum of each bin (a spike is never averaged away), no per-point markers o
 series, heatmaps as one embedded raster. Each figure of a page is given its own salt
 (``svg.hashsalt``), so the ids of several SVGs in one page never collide, and the same
 input gives the same page byte for byte.
+
+Labels come from traces and configs: each is shown through ``render.safe.printable`` (a
+control character as ``\\x1b``), and a character no installed font draws (an emoji, CJK
+without a CJK font) stays in the SVG as text for the browser's fonts to draw, without
+matplotlib's "Glyph N missing from font" warning reaching the user's stderr
+(``_quiet_glyphs``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import math
 import os
 import tempfile
-from typing import Any, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from reprobisect.errors import UsageError
-
+from reprobisect.render.safe import printable
 from reprobisect.report.stages import ModuleGrid, StageSeries
 
 __all__ = ["stage_plot", "module_heatmap", "history_plot", "downsample_max", "MAX_POINTS"]
@@ -29,6 +38,32 @@ MAX_POINTS = 400
 """Points per plotted series at most (longer ones are binned by their maximum)."""
 _VERDICT_COLOURS = {"bitwise": "#2e7d32", "within-noise": "#9ccc65", "diverged": "#c62828",
                     "inconclusive": "#f9a825"}
+
+
+_F = TypeVar("_F", bound=Callable[..., str])
+
+
+def _label(name: Any) -> str:
+    """A name as plot text: control characters escaped, ``$`` literal (not mathtext)."""
+    return printable(name).replace("$", r"\$")
+
+
+@contextlib.contextmanager
+def _glyphs_quiet() -> Iterator[None]:
+    """Silence matplotlib's missing-glyph warnings (and only those) while a figure is drawn."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from")
+        warnings.filterwarnings("ignore", message=r".*[Mm]atplotlib currently does not support")
+        yield
+
+
+def _quiet_glyphs(f: _F) -> _F:
+    """Draw ``f``'s figure with ``_glyphs_quiet``."""
+    @functools.wraps(f)
+    def quiet(*args: Any, **kwargs: Any) -> str:
+        with _glyphs_quiet():
+            return f(*args, **kwargs)
+    return quiet  # type: ignore[return-value]
 
 
 def _pyplot() -> Any:
@@ -77,6 +112,7 @@ def downsample_max(xs: Sequence[int], ys: Sequence[float], n: int = MAX_POINTS) 
     return out_x, out_y
 
 
+@_quiet_glyphs
 def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str = "", salt: str = "stages") -> str:
     """Two panels over the steps: the largest relative difference per stage (log scale;
     identical steps are gaps) and the number of records that differ per stage."""
@@ -91,7 +127,7 @@ def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str
         xs, ys = downsample_max(steps, ys)
         colour = cmap(i % 10)
         if any(not math.isnan(y) for y in ys):
-            top.plot(xs, ys, label=stage, color=colour, lw=1.4, marker="o" if marker else None, ms=3)
+            top.plot(xs, ys, label=_label(stage), color=colour, lw=1.4, marker="o" if marker else None, ms=3)
         cx, cy = downsample_max(steps, [float(c) for c in series.differ[stage]])
         if any(cy):
             bottom.step(cx, cy, where="post", color=colour, lw=1.2)
@@ -111,10 +147,11 @@ def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str
     bottom.set_xlabel("step")
     bottom.grid(True, alpha=0.3)
     if title:
-        top.set_title(title, fontsize=10)
+        top.set_title(_label(title), fontsize=10)
     return _svg(fig, salt)
 
 
+@_quiet_glyphs
 def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     """Modules × stages at one step, colour = log10 of the relative difference (viridis:
     no colour of the scale is near the white of an empty cell); identical cells light grey, cells without a record blank, differing-but-unsized cells hatched."""
@@ -142,8 +179,9 @@ def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     im = ax.imshow(data, cmap="viridis", vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
     for i, j in unsized:
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#c62828", lw=0.6))
-    ax.set_xticks(range(cols), grid.stages, fontsize=8, rotation=30, ha="right")
-    ax.set_yticks(range(rows), [m if len(m) <= 40 else "…" + m[-39:] for m in grid.modules], fontsize=8)
+    ax.set_xticks(range(cols), [_label(s) for s in grid.stages], fontsize=8, rotation=30, ha="right")
+    labels = [_label(m) for m in grid.modules]
+    ax.set_yticks(range(rows), [m if len(m) <= 40 else "…" + m[-39:] for m in labels], fontsize=8)
     ax.set_title(f"step {grid.step}: log10 relative difference per module and stage", fontsize=10)
     cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
     cb.set_label("log10(max |a−b| / max |b|)", fontsize=8)
@@ -151,6 +189,7 @@ def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     return _svg(fig, salt)
 
 
+@_quiet_glyphs
 def history_plot(history: Sequence[dict[str, Any]], *, max_nights: int = 60, salt: str = "history") -> str:
     """The audit history: per check, the verdict of each night (top) and its wall time (bottom)."""
     import numpy as np
@@ -178,19 +217,19 @@ def history_plot(history: Sequence[dict[str, Any]], *, max_nights: int = 60, sal
             walls[c].append((col[n], float(w)))
     cmap = ListedColormap([*_VERDICT_COLOURS.values(), "#9e9e9e"])
     top.imshow(strip, cmap=cmap, vmin=-0.5, vmax=len(kinds) + 0.5, aspect="auto", interpolation="nearest")
-    top.set_yticks(range(len(checks)), checks, fontsize=8)
+    top.set_yticks(range(len(checks)), [_label(c) for c in checks], fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in _VERDICT_COLOURS.values()]
     top.legend(handles, list(_VERDICT_COLOURS), fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.0),
                frameon=False)
     for c, pts in walls.items():
         if pts:
             pts.sort()
-            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.3, label=c,
+            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.3, label=_label(c),
                         marker="o" if len(nights) <= 30 else None, ms=3)
     bottom.set_ylabel("wall time (s)", fontsize=8)
     bottom.grid(True, alpha=0.3)
     step = max(1, len(nights) // 10)
-    bottom.set_xticks(range(0, len(nights), step), [nights[i][:10] for i in range(0, len(nights), step)],
+    bottom.set_xticks(range(0, len(nights), step), [_label(nights[i][:10]) for i in range(0, len(nights), step)],
                       fontsize=7, rotation=30, ha="right")
     if len(checks) > 1 and any(walls.values()):
         bottom.legend(fontsize=7, ncol=4, frameon=False)

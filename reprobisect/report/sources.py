@@ -15,7 +15,13 @@ Accepted sources (``ACCEPTED``):
   ``reprobisect.audit``; ``/work/wt/audit_contract.md`` of issue 17): its checks, their
   traces in detail where a check did not pass bitwise, and its history.
 
-Anything else is one ``UsageError`` naming the path and what is accepted.
+Anything else is one ``UsageError`` naming the path and what is accepted. A document of a
+version this reprobisect does not read (an audit document's ``version`` other than
+``AUDIT_VERSIONS``, a compare document's ``schema_version`` or ``version`` other than
+``COMPARE_VERSIONS``, a session log newer than ``SESSION_VERSION``) is refused the same
+way, naming the version found and those read: its fields may mean something else, so a
+page drawn from it could say the wrong thing. A document without a version is read as the
+first one (documents written before versions were stamped, or by hand).
 """
 
 from __future__ import annotations
@@ -36,12 +42,17 @@ from reprobisect.trace.jsonsafe import loads_bounded
 from reprobisect.trace.outdir import is_trace_dir
 from reprobisect.trace.reader import Trace, read_trace
 
-__all__ = ["ACCEPTED", "AUDIT_KIND", "load_page", "trace_view"]
+__all__ = ["ACCEPTED", "AUDIT_KIND", "AUDIT_VERSIONS", "COMPARE_VERSIONS", "load_page", "trace_view"]
 
 ACCEPTED = ("two trace folders (A B), a folder holding two traces, a 'bisect compare --json' file, "
             "a 'bisect runs' session log (sessions/ID.jsonl, or the folder holding sessions/), "
             "or a 'bisect audit --json' file")
 AUDIT_KIND = "reprobisect.audit"
+AUDIT_VERSIONS = (1,)
+"""The audit document ``version`` values this reader knows (``render.audit.audit_json`` writes 1)."""
+COMPARE_VERSIONS = (1,)
+"""The ``bisect compare --json`` ``schema_version``/``version`` values this reader knows (today's documents carry
+none: they are read as 1)."""
 MAX_JSON_BYTES = 64 * 2**20
 MAX_VIEWS = 8
 """Audit checks shown in detail at most (the page stays small)."""
@@ -52,11 +63,23 @@ def _bad(path: Any, why: str) -> UsageError:
     return UsageError(f"cannot report on '{path}': {why}; bisect report takes {ACCEPTED}")
 
 
+def _known_version(doc: Mapping[str, Any], origin: Any, what: str, key: str, known: tuple[int, ...]) -> None:
+    """Refuse ``doc`` when its ``key`` is present and not one of ``known`` (one line naming both)."""
+    if key not in doc:
+        return
+    v = doc[key]
+    if type(v) is not int or v not in known:
+        reads = " or ".join(map(str, known))
+        raise UsageError(f"cannot report on '{origin}': {what} {key} {v!r}, and this reprobisect reads {key} {reads}; "
+                         "write it again with this reprobisect, or report on it with the reprobisect that wrote it")
+
+
 def load_page(source: Any, *, tolerance: Tolerance | None = None) -> Page:
     """The page for ``source``: a path, a pair of paths, or a loaded audit document."""
     if isinstance(source, Mapping):
         if source.get("kind") != AUDIT_KIND:
             raise _bad("<document>", f"a document without kind '{AUDIT_KIND}'")
+        _known_version(source, "<audit document>", "an audit document of", "version", AUDIT_VERSIONS)
         return audit_page(source, "<audit document>", tolerance)
     if isinstance(source, (list, tuple)):
         if len(source) != 2:
@@ -71,8 +94,11 @@ def load_page(source: Any, *, tolerance: Tolerance | None = None) -> Page:
         return runs_page(_session_log(p), tolerance)
     doc = _read_json(p)
     if isinstance(doc, dict) and doc.get("kind") == AUDIT_KIND:
+        _known_version(doc, p, "an audit document of", "version", AUDIT_VERSIONS)
         return audit_page(doc, str(p), tolerance)
     if isinstance(doc, dict) and isinstance(doc.get("a"), str) and isinstance(doc.get("b"), str) and "per_step" in doc:
+        for key in ("schema_version", "version"):
+            _known_version(doc, p, "a compare document of", key, COMPARE_VERSIONS)
         a, b = (_near(p, doc[k]) for k in ("a", "b"))
         return comparison_page(a, b, tolerance or _doc_tolerance(doc), zoom=doc.get("zoom"), origin=str(p))
     raise _bad(p, "a JSON file that is neither an audit result nor a compare document")

@@ -3,7 +3,10 @@
 Every long command (``runs``, ``repro``, ``seeds``, ``envs``, ``audit``, ``demo``) shows
 the same kind of line: what it is doing, how far it is, and the probe running now. When
 stderr is not a terminal or ``quiet`` is set nothing is drawn, so output stays clean in
-CI logs and under ``--json``; ``note`` lines still print unless ``quiet``.
+CI logs and under ``--json``; ``note`` lines still print unless ``quiet``. Status and note
+text often holds a name from a config or a trace: it is shown through
+``render.safe.printable`` (a control character as ``\\x1b``, never sent to the terminal),
+and never read as rich markup.
 
 Use::
 
@@ -17,6 +20,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from reprobisect.render.safe import printable, printable_lines
+
 __all__ = ["Progress", "progress"]
 
 
@@ -24,7 +29,7 @@ class Progress:
     """One progress line: a description, an optional total, and a free-text status."""
 
     def __init__(self, description: str = "", total: float | None = None, quiet: bool = False) -> None:
-        self.description = description
+        self.description = printable(description)
         self.total = total
         self.quiet = quiet
         self.completed = 0.0
@@ -48,7 +53,9 @@ class Progress:
                 transient=True,
             )
             self._rich.__enter__()
-            self._task = self._rich.add_task(self.description, total=self.total, status="")
+            from rich.markup import escape
+
+            self._task = self._rich.add_task(escape(self.description), total=self.total, status="")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -59,15 +66,18 @@ class Progress:
     def update(self, status: str | None = None, *, description: str | None = None, total: float | None = None, completed: float | None = None) -> None:
         """Change the status text, description, total or completed count."""
         if status is not None:
-            self.status = status
+            self.status = printable(status)
         if description is not None:
-            self.description = description
+            self.description = printable(description)
         if total is not None:
             self.total = total
         if completed is not None:
             self.completed = completed
         if self._rich is not None:
-            self._rich.update(self._task, description=self.description, total=self.total, completed=self.completed, status=self.status)
+            from rich.markup import escape
+
+            self._rich.update(self._task, description=escape(self.description), total=self.total,
+                              completed=self.completed, status=escape(self.status))
 
     def advance(self, n: float = 1) -> None:
         """Count ``n`` more units done."""
@@ -77,6 +87,7 @@ class Progress:
         """A line printed above the bar (to stderr), unless quiet."""
         if self.quiet:
             return
+        message = printable_lines(message)
         if self._rich is not None:
             self._rich.console.print(message, markup=False, highlight=False)
         else:

@@ -1,7 +1,9 @@
 """``bisect audit CONFIG.yaml``: nightly determinism checks with goldens, history and reports.
 
 Exit 0 when every check passes (bitwise or within-noise), 1 when any diverged or is
-inconclusive, 2 for a bad config (one line naming the key and the fix). ``--update-golden``
+inconclusive, 2 for a bad config (one line naming the key and the fix) or a report path that
+may not be written (an existing file reprobisect did not write, a link, a folder: checked
+before any check runs; ``reprobisect.support.outfile``). ``--update-golden``
 records the goldens and exits 0 (1 when one could not be recorded).
 """
 
@@ -13,11 +15,10 @@ import click
 
 from reprobisect.cli.options import executor_options
 from reprobisect.core.options import ProbeOptions
-from reprobisect.errors import UsageError
 from reprobisect.exitcodes import ExitCode
 from reprobisect.render.audit import audit_json, render_audit
 from reprobisect.workflows.audit import load_audit_config, run_audit
-from reprobisect.workflows.audit.reports import html_writer, write_html, write_json, write_junit
+from reprobisect.workflows.audit.reports import check_outputs, html_writer, write_html, write_json, write_junit
 
 __all__ = ["command"]
 
@@ -33,9 +34,8 @@ def command(options: ProbeOptions, config: str, junit: str | None, json_path: st
             update_golden: bool) -> int:
     """Run an audit config's checks: bitwise / within-noise / diverged / inconclusive, per check."""
     cfg = load_audit_config(config)  # the whole config is checked before anything runs
-    for p in (junit, json_path, html):
-        if p is not None and not Path(p).resolve().parent.is_dir():
-            raise UsageError(f"folder of '{p}' does not exist; create it or choose another report path")
+    # every report path may be written (new, or a report of ours), before the night is spent
+    check_outputs({"junit": junit, "json": json_path, "html": html})
     if html:
         html_writer()  # the report package is there, before the night is spent
     result = run_audit(cfg, options, update_golden=update_golden)

@@ -5,68 +5,98 @@ is a ``<failure>`` whose message is the first-divergence line, an inconclusive c
 ``<error>``; written with junitparser, the format CI systems read. ``write_json``: the
 audit result document. ``write_html``: ``reprobisect.report.html.write_report`` when the
 report package is installed.
+
+Every file goes through ``reprobisect.support.outfile``: it is written only to a new path
+or over a report of its kind that reprobisect wrote (``check_outputs`` asks before the
+audit runs; each write asks again). Names in the JUnit file pass through
+``reprobisect.render.safe``: a control character in a check's name or line is shown as
+its escape, so the XML stays valid (XML 1.0 cannot hold most C0 controls, even as entities).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from reprobisect.errors import UsageError
+from reprobisect.render.safe import printable, printable_lines
+from reprobisect.support import outfile
+from reprobisect.support.outfile import JUNIT_MARKER, check_output_file
 
-__all__ = ["atomic_write", "write_json", "write_junit", "write_html", "html_writer"]
+__all__ = ["atomic_write", "check_outputs", "write_json", "write_junit", "write_html", "html_writer"]
+
+_OPTION = {"json": "--json", "junit": "--junit", "html": "--html"}
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it over ``path``."""
-    target = Path(path).resolve()
-    if target.is_dir():
-        raise UsageError(f"'{path}' is a folder; give a file path for the report")
-    if not target.parent.is_dir():
-        raise UsageError(f"folder '{target.parent}' does not exist; create it or choose another report path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # a report others read (CI artifacts), not mkstemp's private 0600
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, kind: str = "json") -> Path:
+    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it over ``path`` (when
+    ``outfile.check_output_file`` lets a ``kind`` report be written there); the absolute path."""
+    return Path(os.path.abspath(outfile.atomic_write(path, write, kind=kind, option=_OPTION.get(kind, "output file"))))
+
+
+def check_outputs(paths: Mapping[str, str | os.PathLike | None]) -> None:
+    """Check every report path (kind -> path, ``None`` when not asked for) before any work: each
+    may be written (``check_output_file``) and no two name the same file."""
+    seen: dict[str, str] = {}
+    for kind, p in paths.items():
+        if p is None:
+            continue
+        check_output_file(p, kind, option=_OPTION[kind])
+        key = os.path.normcase(os.path.abspath(p))
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {_OPTION[kind]} both name '{printable(p)}'; give each report its own file")
+        seen[key] = _OPTION[kind]
 
 
 def write_json(doc: dict[str, Any], path: str | os.PathLike) -> Path:
-    return atomic_write(path, lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"))
+    return atomic_write(path, lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"), kind="json")
+
+
+def _junit_xml(doc: dict[str, Any]) -> Any:
+    """The junitparser document; every name and text shown with its control characters escaped."""
+    from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
+
+    name = printable(doc["name"])
+    suite = TestSuite(name)
+    suite.add_property("generator", "reprobisect")
+    for c in doc["checks"]:
+        line = printable(c["line"])
+        case = TestCase(printable(c["name"]), classname=name, time=c["wall_s"])
+        text = "\n".join(printable_lines(x) for x in (c.get("bisect"), *(c.get("envdiff") or ())) if x)
+        if c["verdict"] == "diverged":
+            case.result = [Failure(line, "diverged")]
+        elif c["verdict"] == "inconclusive":
+            case.result = [Error(line, "inconclusive")]
+        if text and case.result:
+            case.result[0].text = text
+        case.system_out = f"{printable(c['verdict'])}: {line}"
+        suite.add_testcase(case)
+    suite.update_statistics()
+    xml = JUnitXml(name)
+    xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml
+
+
+def _write_junit_file(xml: Any, p: Path) -> None:
+    """The pretty-printed XML with ``JUNIT_MARKER`` right after the declaration (how ``outfile`` knows it)."""
+    from xml.dom.minidom import parseString
+
+    pretty = parseString(xml.tostring()).toprettyxml(indent="\t", encoding="utf-8").decode("utf-8")
+    head, _, rest = pretty.partition("\n")
+    p.write_text(f"{head}\n{JUNIT_MARKER}\n{rest}", encoding="utf-8")
 
 
 def write_junit(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     """The JUnit XML of an audit result document."""
     try:
-        from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
+        import junitparser  # noqa: F401
     except ImportError:
         raise UsageError("--junit needs junitparser: pip install 'reprobisect[report]' (or use --json)") from None
-
-    suite = TestSuite(doc["name"])
-    for c in doc["checks"]:
-        case = TestCase(c["name"], classname=doc["name"], time=c["wall_s"])
-        text = "\n".join(x for x in (c.get("bisect"), *(c.get("envdiff") or ())) if x)
-        if c["verdict"] == "diverged":
-            case.result = [Failure(c["line"], "diverged")]
-        elif c["verdict"] == "inconclusive":
-            case.result = [Error(c["line"], "inconclusive")]
-        if text and case.result:
-            case.result[0].text = text
-        case.system_out = f"{c['verdict']}: {c['line']}"
-        suite.add_testcase(case)
-    suite.update_statistics()
-    xml = JUnitXml(doc["name"])
-    xml.add_testsuite(suite)
-    xml.update_statistics()
-    return atomic_write(path, lambda p: xml.write(str(p), pretty=True))
+    xml = _junit_xml(doc)
+    return atomic_write(path, lambda p: _write_junit_file(xml, p), kind="junit")
 
 
 def html_writer() -> Callable[[Any, Path], Any]:
