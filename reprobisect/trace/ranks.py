@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from reprobisect.errors import TraceError
-from reprobisect.trace.format import FORMAT, VERSION, Manifest
+from reprobisect.trace.format import FORMAT, VERSION, Manifest, check_file_name
 from reprobisect.trace.jsonsafe import is_int
-from reprobisect.trace.reader import Trace, read_trace
+from reprobisect.trace.reader import UNLISTED_OK, Trace, _inside, _shown, read_trace
 from reprobisect.trace.writer import fsync_path, json_safe, write_json_atomic
 
 __all__ = ["RANKS_DIR", "RankInfo", "assemble", "is_multi_rank", "open_ranks", "rank_dir", "rank_infos",
@@ -268,6 +268,8 @@ def open_ranks(trace_dir: str | os.PathLike, *, allow_incomplete: bool = False,
     top = read_top_manifest(p)
     if top is not None:
         _check_top(p, top, allow_incomplete)
+    if verify:
+        _verify_top(p, top)
     traces = {r: read_trace(rank_dir(p, r), allow_incomplete=allow_incomplete, verify=verify) for r in shard_ranks(p)}
     sizes: dict[int, int] = {}
     for r, t in traces.items():
@@ -297,6 +299,29 @@ def open_ranks(trace_dir: str | os.PathLike, *, allow_incomplete: bool = False,
     return traces
 
 
+def _verify_top(p: Path, top: dict[str, Any] | None) -> None:
+    """``verify`` of a multi-rank trace's own folder (each shard verifies itself): its
+    manifest lists every shard's manifest, and it holds nothing but the shards and the
+    files any trace may hold unlisted (``reader.UNLISTED_OK``)."""
+    ranks = shard_ranks(p)
+    listed = top.get("files") if top is not None and isinstance(top.get("files"), dict) else None
+    for r in ranks:
+        rel = f"{RANKS_DIR}/rank-{r}/manifest.json"
+        if listed is not None and rel not in listed:
+            raise TraceError(f"trace '{p}' holds {RANKS_DIR}/rank-{r}, which its manifest does not list "
+                             "(added after it was assembled?); re-capture it")
+    shard_dirs = {f"rank-{r}" for r in ranks}
+    for e in sorted(p.iterdir()):
+        if e.name in UNLISTED_OK or (e.name == RANKS_DIR and e.is_dir() and not e.is_symlink()):
+            continue
+        raise TraceError(f"trace '{p}' holds {_shown(e.name)}, which is not part of a multi-rank trace; "
+                         "remove it or re-capture the trace")
+    for e in sorted((p / RANKS_DIR).iterdir()):
+        if e.name not in shard_dirs:
+            raise TraceError(f"trace '{p}' holds {_shown(f'{RANKS_DIR}/{e.name}')}, which is not a rank's shard; "
+                             "remove it or re-capture the trace")
+
+
 def _check_top(p: Path, top: dict[str, Any], allow_incomplete: bool) -> None:
     status = top.get("status")
     if status != "complete" and not allow_incomplete:
@@ -305,7 +330,11 @@ def _check_top(p: Path, top: dict[str, Any], allow_incomplete: bool) -> None:
                          "fix the run and re-capture it, or pass --allow-incomplete")
     files = top.get("files") if isinstance(top.get("files"), dict) else {}
     for rel, info in files.items():
-        q = p / rel
+        try:
+            check_file_name(rel)
+        except ValueError as e:
+            raise TraceError(f"trace '{p}': its manifest's {e}; re-capture it") from None
+        q = _inside(p, rel)
         if not q.is_file():
             raise TraceError(f"trace '{p}' is missing {rel} (truncated copy?); re-capture it")
         if not isinstance(info, dict) or _digest(q) != {"size": info.get("size"), "sha256": info.get("sha256")}:

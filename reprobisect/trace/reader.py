@@ -7,14 +7,19 @@ manifest lists has a plain relative name, resolves inside the trace (no symlink 
 has its recorded size, ``steps.jsonl`` matches its SHA-256 and schema, and the step count
 matches. Tensor shards are checked against their SHA-256 and their safetensors header
 (dtype names, shapes, offsets that tile the data exactly) when first loaded, so comparing
-two traces by fingerprint never reads a full tensor; ``verify_trace`` (or
-``read_trace(..., verify=True)``) checks every listed file up front instead.
+two traces by fingerprint never reads a full tensor. ``verify_trace`` (or
+``read_trace(..., verify=True)``) checks all of it up front instead, and that the files
+agree with each other (a forger can rewrite a digest with the file): every listed file
+unchanged, no file unlisted (``UNLISTED_OK`` aside), every stored record's tensor in its
+shard with its dtype, shape and fingerprint, no tensor in a step shard that no record
+stores, and every tensor name plain.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +29,11 @@ import numpy as np
 
 from reprobisect.errors import TraceError
 from reprobisect.trace import shards
-from reprobisect.trace.fingerprint import dtype_name
+from reprobisect.trace.fingerprint import dtype_name, fingerprint
 from reprobisect.trace.format import FORMAT, VERSION, Manifest, Record, Step, shard_name, tensor_key
 from reprobisect.trace.jsonsafe import is_int, loads_bounded
 
-__all__ = ["Trace", "Verified", "read_trace", "verify_trace"]
+__all__ = ["UNLISTED_OK", "Trace", "Verified", "read_trace", "verify_trace"]
 
 MAX_MANIFEST_BYTES = 64 * 2**20
 """Largest manifest.json read (real ones are a few KiB to a few MiB of environment)."""
@@ -121,8 +126,9 @@ class Trace:
         return arr
 
     def verify(self) -> "Verified":
-        """Check every file the manifest lists against its SHA-256, every shard's header and
-        every stored record's tensor entry, without loading tensor data into memory."""
+        """Check every file the manifest lists against its SHA-256, that the folder holds no
+        other (``UNLISTED_OK`` aside), every shard's header and tensor names, and every
+        stored record's tensor (dtype, shape, fingerprint; one tensor in memory at a time)."""
         return _verify(self)
 
 
@@ -161,11 +167,40 @@ def _check_digest(root: Path, rel: str, info: dict) -> None:
         )
 
 
+UNLISTED_OK = frozenset({"manifest.json", "output.log", "ray.json"})
+"""Files a trace's folder may hold that its manifest does not list: the manifest itself,
+the command's output (``support.outputlog``: written after sealing, not evidence) and the
+Ray executor's placement record (``ray.json``). ``verify`` refuses any other unlisted file."""
+_LISTED = re.compile(r"^(steps\.jsonl|tensors/step-\d{6,}\.safetensors|state/step-\d+/.+\.(safetensors|json))$")
+_UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\\\\\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_MAX_TENSOR_NAME = 1024
+
+
 def _verify(trace: Trace) -> Verified:
+    """``Trace.verify``: every listed file unchanged, nothing unlisted, every shard consistent
+    with the records that point into it (see ``_verify_stored``)."""
     root = trace.path
-    total = 0
+    total, entries = _verify_listed(trace)
+    for rel in _unlisted(trace):  # an unsealed trace lists nothing yet: what it holds is checked as found
+        if rel.endswith(".safetensors"):
+            entries[rel] = _check_shard(root, rel)
+        elif rel.endswith(".json"):
+            _read_json(root, rel, MAX_MANIFEST_BYTES)
+    stored = _verify_stored(trace, entries)
+    trace._verified.update(r for r in entries if r in trace.manifest.files)
+    trace.bytes_read += total
+    return Verified(path=root, files=len(trace.manifest.files), bytes=total, stored_tensors=stored)
+
+
+def _verify_listed(trace: Trace) -> tuple[int, dict[str, dict[str, shards.Entry]]]:
+    """Every listed file: a part of a trace, there with its size and SHA-256; its header
+    (shards) or JSON (state) valid. Returns the bytes hashed and each shard's entries."""
+    root, total = trace.path, 0
     entries: dict[str, dict[str, shards.Entry]] = {}
     for rel, info in trace.manifest.files.items():
+        if not _LISTED.match(rel):
+            raise TraceError(f"trace '{root}' lists {rel}, which is not a file of a trace "
+                             "(steps.jsonl, tensors/, state/); re-capture it")
         p = _inside(root, rel)
         if not p.is_file() or p.stat().st_size != info["size"]:
             raise TraceError(
@@ -174,24 +209,102 @@ def _verify(trace: Trace) -> Verified:
         _check_digest(root, rel, info)
         total += info["size"]
         if rel.endswith(".safetensors"):
-            entries[rel] = shards.check(p)
+            entries[rel] = _check_shard(root, rel)
         elif rel.endswith(".json"):
             _read_json(root, rel, MAX_MANIFEST_BYTES)
-    stored = 0
+    return total, entries
+
+
+def _check_shard(root: Path, rel: str) -> dict[str, shards.Entry]:
+    """The validated header of the shard ``rel``, every tensor name in it plain."""
+    p = _inside(root, rel)
+    try:
+        entries = shards.check(p)
+    except OSError as e:
+        raise TraceError(f"cannot read {rel} of trace '{root}': {e.strerror or e}") from None
+    for key in entries:
+        why = _unsafe_name(key)
+        if why:
+            raise TraceError(f"trace '{root}': {rel} holds a tensor named {_shown(key)}, {why}; re-capture it")
+    return entries
+
+
+def _unsafe_name(key: str) -> str | None:
+    """Why the shard tensor name ``key`` is not plain (None when it is): names travel into
+    messages, reports and file names, so no control or direction characters, backslashes,
+    absolute paths or ``..`` parts. (``<Linear>``, ``data[0]``, ``a.b#1`` are real names.)"""
+    if not key or len(key) > _MAX_TENSOR_NAME:
+        return f"not 1 to {_MAX_TENSOR_NAME} characters"
+    if _UNSAFE_CHARS.search(key):
+        return "with a control character or backslash"
+    if key.startswith("/") or ".." in key.split("/"):
+        return "a path out of its place (an absolute path or a '..' part)"
+    return None
+
+
+def _shown(name: str) -> str:
+    """``name`` quoted for a one-line message: escaped when not plain, cut when long."""
+    s = ascii(name) if _UNSAFE_CHARS.search(name) else f"'{name}'"
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _unlisted(trace: Trace) -> list[str]:
+    """The files of the trace's folder its manifest does not list (``UNLISTED_OK`` aside).
+
+    A sealed trace may hold none: one is refused. An unsealed trace lists nothing yet; its
+    files must be of a trace's layout and are returned, to be checked as they are. A file
+    counts as listed when it is a listed file's real path (a link inside the trace to it);
+    a link is allowed only where a listed file's path goes through it."""
+    root = trace.path
+    listed = trace.manifest.files
+    real = {os.path.realpath(root / rel) for rel in listed}
+    through = {"/".join(rel.split("/")[:i]) for rel in listed for i in range(1, rel.count("/") + 2)}
+    sealed = trace.manifest.status != "incomplete"
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        names = files + [d for d in dirs if (here / d).is_symlink()]
+        for name in sorted(names):
+            rel = (here / name).relative_to(root).as_posix()
+            if rel in UNLISTED_OK or rel in through and (here / name).is_symlink() or os.path.realpath(here / name) in real:
+                continue
+            if not sealed and (_LISTED.match(rel) or _writer_temp(name)):
+                if _LISTED.match(rel):
+                    found.append(rel)
+                continue
+            what = "its manifest does not list (added after it was sealed?)" if sealed else "is not part of a trace"
+            raise TraceError(f"trace '{root}' holds {_shown(rel)}, which {what}; remove it or re-capture the trace")
+    return found
+
+
+def _writer_temp(name: str) -> bool:
+    """A temporary file of a writer killed mid-write (``.NAME.tmpPID``): an unsealed trace may hold one."""
+    return name.startswith(".") and ".tmp" in name
+
+
+def _verify_stored(trace: Trace, entries: dict[str, dict[str, shards.Entry]]) -> int:
+    """Every stored record's tensor is in the shard of its step with its dtype and shape
+    and the bits its fingerprint names; every tensor of a step shard is a stored record's."""
+    root = trace.path
+    wanted: dict[str, dict[str, Record]] = {rel: {} for rel in entries if rel.startswith("tensors/")}
     for s in trace.steps:
         for rec in s.records:
-            if not rec.stored:
-                continue
-            rel = shard_name(s.step)
-            if rel not in entries:
-                if trace.manifest.status != "incomplete":
-                    raise TraceError(
-                        f"trace '{root}' was modified after it was sealed ({rel} is not in its manifest); re-capture it"
-                    )
-                if not _inside(root, rel).is_file():
+            if rec.stored:
+                rel = shard_name(s.step)
+                if rel not in entries:
+                    if trace.manifest.status != "incomplete":
+                        raise TraceError(f"trace '{root}' was modified after it was sealed "
+                                         f"({rel} is not in its manifest); re-capture it")
                     raise TraceError(f"trace '{root}' lists a stored tensor at step {s.step} but {rel} is missing")
-                entries[rel] = shards.check(root / rel)
-            key = tensor_key(rec.kind, rec.name)
+                wanted[rel][tensor_key(rec.kind, rec.name)] = rec
+    if trace.manifest.status == "incomplete":  # a shard past the last whole step line: never read
+        wanted = {rel: recs for rel, recs in wanted.items() if recs}
+    for rel, recs in wanted.items():
+        foreign = sorted(set(entries[rel]) - set(recs))
+        if foreign:
+            raise TraceError(f"trace '{root}': {rel} holds tensor {_shown(foreign[0])}, which no record of "
+                             "steps.jsonl stores (added or renamed after recording?); re-capture it")
+        for key, rec in recs.items():
             e = entries[rel].get(key)
             if e is None:
                 raise TraceError(f"trace '{root}': tensor '{key}' is not in {rel}; re-capture it")
@@ -200,15 +313,26 @@ def _verify(trace: Trace) -> Verified:
                     f"trace '{root}': tensor '{key}' in {rel} is {dtype_name(e.dtype)} {e.shape} "
                     f"but steps.jsonl records {rec.dtype} {tuple(rec.shape)}; re-capture it"
                 )
-            stored += 1
-    trace._verified.update(r for r in entries if r in trace.manifest.files)
-    trace.bytes_read += total
-    return Verified(path=root, files=len(trace.manifest.files), bytes=total, stored_tensors=stored)
+        _check_fingerprints(root, rel, recs)
+    return sum(len(recs) for recs in wanted.values())
+
+
+def _check_fingerprints(root: Path, rel: str, recs: dict[str, Record]) -> None:
+    """Each tensor of the shard ``rel`` has the bits its record's fingerprint names: a
+    shard rewritten with other values (and its SHA-256 updated) is refused."""
+    try:
+        for key, arr in shards.load_many(_inside(root, rel), list(recs)):
+            if fingerprint(arr) != recs[key].fingerprint:
+                raise TraceError(f"trace '{root}': tensor '{key}' in {rel} does not hold the values its record's "
+                                 "fingerprint names (changed after recording?); re-capture it")
+    except OSError as e:
+        raise TraceError(f"cannot read {rel} of trace '{root}': {e.strerror or e}") from None
 
 
 def verify_trace(path: str | os.PathLike, *, allow_incomplete: bool = False) -> Verified:
-    """Read the trace at ``path`` and check all of it: ``read_trace`` plus the SHA-256 of
-    every listed file and the header of every tensor shard. Raises ``TraceError``."""
+    """Read the trace at ``path`` and check all of it (``Trace.verify``): the SHA-256 of every
+    listed file, nothing unlisted, every shard against the records that point into it.
+    Raises ``TraceError``."""
     return read_trace(path, allow_incomplete=allow_incomplete).verify()
 
 
@@ -252,8 +376,8 @@ def read_trace(path: str | os.PathLike, *, allow_incomplete: bool = False, verif
     """Open and validate the trace at ``path``.
 
     With ``allow_incomplete``, an incomplete or failed trace is read up to its last
-    whole step line; otherwise it is an error. With ``verify``, every listed file is also
-    checked against its SHA-256 now (``Trace.verify``), not only when a tensor is read.
+    whole step line; otherwise it is an error. With ``verify``, all of the trace is also
+    checked now (``Trace.verify``), not only the shards a tensor is read from, when it is.
     """
     path = Path(path)
     manifest = _read_manifest(path)

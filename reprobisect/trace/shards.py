@@ -20,7 +20,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -28,7 +28,8 @@ import numpy as np
 from reprobisect.errors import TraceError
 from reprobisect.trace.jsonsafe import is_int, loads_bounded
 
-__all__ = ["DIRECT_MIN_BYTES", "Entry", "save", "load", "load_one", "keys", "check", "parse_header", "write_direct"]
+__all__ = ["DIRECT_MIN_BYTES", "Entry", "save", "load", "load_one", "load_many", "keys", "check", "parse_header",
+           "write_direct"]
 
 _TO_ST = {
     np.dtype(np.bool_): "BOOL",
@@ -329,6 +330,18 @@ def load_one(path: str | os.PathLike, name: str) -> np.ndarray:
         if name not in header:
             raise TraceError(f"tensor '{name}' is not in shard '{path}'")
         return _read(f, path, name, header[name], base)
+
+
+def load_many(path: str | os.PathLike, names: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(name, tensor)`` for each of ``names`` in order, parsing the header once and
+    holding one tensor at a time (``verify`` fingerprints every stored tensor of a shard)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        header, base = _header(f, path)
+        for name in names:
+            if name not in header:
+                raise TraceError(f"tensor '{name}' is not in shard '{path}'")
+            yield name, _read(f, path, name, header[name], base)
 
 
 def load(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -109,7 +109,9 @@ def probe_checkout(argv: list[str], options: ProbeOptions, *, check: str | None 
     if check == "match" and reference is None:
         raise UsageError("--check match needs --reference TRACE (a trace of the good run, from bisect capture)")
     if reference is not None:
-        open_ranks(reference)  # a bad reference is the user's mistake: say so before probing
+        # a bad reference is the user's mistake: say so before probing. Verified whole (every
+        # file's SHA-256, nothing unlisted, every shard against its records): it decides the verdict
+        open_ranks(reference, verify=True)
     tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
     esc: Escalation | None = None

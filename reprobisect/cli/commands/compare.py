@@ -18,6 +18,7 @@ from reprobisect.core.options import ProbeOptions
 from reprobisect.executors import executor_for
 from reprobisect.exitcodes import ExitCode
 from reprobisect.render import comparison_json, render_comparison
+from reprobisect.render.safe import printable_lines
 from reprobisect.workflows.zoom import run_zoom
 
 __all__ = ["command"]
@@ -35,7 +36,9 @@ def _tolerance_flags(f):
 @_tolerance_flags
 @click.option("--allow-incomplete", is_flag=True, help="Read incomplete or failed traces up to their last whole step.")
 @click.option("--verify", is_flag=True,
-              help="Check every file of both traces against its SHA-256 first (tensor shards are otherwise read only when needed).")
+              help="Verify both traces whole first: every listed file against its SHA-256, no unlisted file, every "
+                   "stored tensor against its record (name, dtype, shape, fingerprint). Otherwise shards are checked "
+                   "only when a tensor is read.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
 @click.option("--trust-trace", is_flag=True,
@@ -67,10 +70,10 @@ def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: flo
     else:
         click.echo(render_comparison(result))
         if zoomed is not None:
-            click.echo(f"zoom: {zoomed}")
+            click.echo(printable_lines(f"zoom: {zoomed}"))
     return ExitCode.OK if result else ExitCode.DIFFER
 
 
 def _confirm(text: str) -> bool:
-    click.echo(text, err=True)
+    click.echo(printable_lines(text), err=True)  # what would run, shown: a name in it cannot rewrite the screen
     return click.confirm("run these commands?", default=False, err=True)
