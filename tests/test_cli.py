@@ -46,7 +46,7 @@ def test_version(capsys):
 
 def test_unknown_command_is_a_usage_error(capsys):
     assert main(["frobnicate"]) == 2
-    assert "No such command 'frobnicate'" in capsys.readouterr().err
+    assert capsys.readouterr().err == "error: no such command 'frobnicate' for bisect; see bisect --help\n"
 
 
 def test_every_listed_command_is_built(capsys):

@@ -8,7 +8,8 @@ status, never a traceback that exits 1 (1 means "diverged / bad", and under
 ``git bisect run`` it would blame the commit):
 
 - bad input or usage (``ReproError``, click's usage errors, an output path that cannot be
-  written): ``2``;
+  written, a full disk): ``2``; click's usage errors too are one line, with click's "did you
+  mean" and the command's ``--help`` (``_click_error``), not click's Usage/Try/Error block;
 - an internal error (anything else: a reprobisect bug): ``3``, one line saying so and
   naming the log file the traceback was written to; ``--debug`` (or
   ``REPROBISECT_DEBUG=1``) prints the traceback too;
@@ -152,7 +153,37 @@ def _internal(exc: BaseException, args: list[str], code: int) -> int:
 def _os_error(e: OSError) -> str:
     names = [n for n in (e.filename, e.filename2) if n is not None]
     what = f"'{names[0]}'" if names else "a file"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f"the disk holding {what}" if names else "the disk"
+        return f"no space left on {where} ({errno.errorcode[e.errno]}); free space there or choose another path"
     return f"cannot use {what}: {e.strerror or e}; check the path and its permissions"
+
+
+def _suggestions(e: click.ClickException) -> str:
+    """Click's "did you mean" names for an unknown option or command, as ' (did you mean X?)'."""
+    names = sorted(getattr(e, "possibilities", None) or ())
+    if not names:
+        return ""
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f" (did you mean {listed}?)"
+
+
+def _click_error(e: click.ClickException) -> str:
+    """Click's usage error as ONE line naming the mistake and the fix (click's own ``show()``
+    prints three: Usage, Try, Error), e.g. ``no such option '--stepz' for bisect capture
+    (did you mean --steps?); see bisect capture --help``."""
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None and ctx.command_path else "bisect"
+    if isinstance(e, click.exceptions.NoSuchOption):
+        what = f"no such option '{e.option_name}' for {path}{_suggestions(e)}"
+    elif type(e).__name__ == "NoSuchCommand":  # click >= 8.4
+        what = f"no such command '{getattr(e, 'command_name', '?')}' for {path}{_suggestions(e)}"
+    else:
+        text = " ".join(e.format_message().split())
+        what = (text[:1].lower() + text[1:]).rstrip(".") or type(e).__name__
+    if not isinstance(e, click.UsageError):
+        return what
+    return f"{what}; see {path} --help"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReproError as e:
         code = e.exit_code
         return _fail(str(e), usage if (probe or code == ExitCode.USAGE) else code)
-    except click.ClickException as e:
-        e.show()
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()  # plain `bisect`: the help text is the answer to "what can I do?"
         return usage
+    except click.ClickException as e:
+        return _fail(_click_error(e), usage)
     except click.exceptions.Abort as e:
         return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e))
     except KeyboardInterrupt as e:

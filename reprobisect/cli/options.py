@@ -99,11 +99,16 @@ def _executor_keys() -> dict[str, tuple[str, ExecutorFlag]]:
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"config file '{path}' does not exist; check the --config path") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file '{path}' is a folder; give --config a YAML or JSON file") from None
     except OSError as e:
         raise UsageError(f"cannot read config file '{path}': {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file '{path}' is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                         "save it as UTF-8 YAML or JSON") from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)

@@ -15,11 +15,12 @@ written before they were enums read back unchanged.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["OUTCOMES", "Status", "VerdictKind", "Outcome", "LAUNCH_EXIT"]
+__all__ = ["OUTCOMES", "Status", "VerdictKind", "Outcome", "LAUNCH_EXIT", "DISK_FULL", "disk_full_detail", "disk_full"]
 
 
 class _Named(str, Enum):
@@ -113,3 +114,25 @@ class Outcome:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Outcome":
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
+
+
+DISK_FULL = "no space left on the disk holding"
+"""The words that open an ``infra`` outcome whose trace could not be written because its
+disk (or quota) was full: the tool's own writing failed, never the program's crash.
+``bisect capture`` turns it into one line and exit 2 (``disk_full``)."""
+
+
+def disk_full_detail(path: str, code: str = "ENOSPC") -> str:
+    """The detail of a probe whose trace at ``path`` hit a full disk (``code``: ENOSPC or EDQUOT)."""
+    return f"{DISK_FULL} '{path}' ({code}) while writing the trace"
+
+
+def disk_full(outcome: Outcome) -> str | None:
+    """The full-disk sentence of an ``infra`` outcome (``disk_full_detail``), else None."""
+    if outcome.status is not Status.INFRA:
+        return None
+    m = _DISK_FULL_RE.search(outcome.detail or "")
+    return m.group(0) if m else None
+
+
+_DISK_FULL_RE = re.compile(re.escape(DISK_FULL) + r" '.*?' \((?:ENOSPC|EDQUOT)\) while writing the trace")

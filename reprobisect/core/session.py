@@ -230,7 +230,7 @@ class SessionLog:
                 continue
             try:
                 d = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # JSONDecodeError, or a number too long to convert
                 raise bad("session log line is not JSON", i) from None
             if not isinstance(d, dict):
                 raise bad(f"session log line is a JSON {type(d).__name__}, not an object", i)

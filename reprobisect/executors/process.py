@@ -406,16 +406,48 @@ def _save_log(end: _Ended, trace_dir: Path) -> None:
             pass  # the output is a courtesy: never a reason to lose the probe
 
 
-def _killed(spec: ProbeSpec, end: _Ended, rc: int, how: str) -> Outcome | None:
-    """The outcome of a probe ended from outside (its timeout, a signal), else None: never
-    evidence about the code."""
+SELF_INFLICTED = {
+    signal.SIGABRT: "aborted itself (SIGABRT: abort(), a failed C/C++ assert or a fatal library error)",
+    signal.SIGSEGV: "crashed itself (SIGSEGV: an invalid memory access)",
+    signal.SIGBUS: "crashed itself (SIGBUS: an invalid memory access)",
+    signal.SIGFPE: "crashed itself (SIGFPE: an arithmetic fault, e.g. an integer division by zero)",
+    signal.SIGILL: "crashed itself (SIGILL: an illegal instruction)",
+}
+"""Signals a program raises on itself, and what each says. Dying by one is the program's
+own crash, evidence about the code (``crashed``, bad for ``finite``/``match``), not
+``infra``: an outside kill is SIGKILL (the OOM killer, a person, our timeout's second
+blow) or SIGTERM/SIGINT/SIGHUP, which stay ``infra`` (retried, then skipped)."""
+
+
+def _recorded_steps(trace_dir: Path | None) -> int | None:
+    """How many steps a trace the launcher never sealed holds (complete ``steps.jsonl``
+    lines): the step a program that died by a signal was in, as a crash names it; None
+    when there is no such file."""
+    if trace_dir is None:
+        return None
+    try:
+        with open(trace_dir / "steps.jsonl", "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return None
+
+
+def _killed(spec: ProbeSpec, end: _Ended, rc: int, how: str, trace_dir: Path | None = None) -> Outcome | None:
+    """The outcome of a probe ended by its timeout or a signal, else None. An outside end
+    (timeout, SIGKILL, SIGTERM) is never evidence about the code; a signal the program
+    raised on itself (``SELF_INFLICTED``: abort(), a segfault) is its crash, at the step
+    its unsealed trace reached."""
     if end.timed_out:
         return Outcome(Status.TIMEOUT, detail=f"no result after {spec.timeout:g} s; {how}", returncode=rc)
     if rc < 0:
         try:
-            name = signal.Signals(-rc).name
+            sig: signal.Signals | None = signal.Signals(-rc)
         except ValueError:
-            name = f"signal {-rc}"
+            sig = None
+        if sig in SELF_INFLICTED:
+            return Outcome(Status.CRASHED, detail=f"the program {SELF_INFLICTED[sig]}", returncode=rc,
+                           step=_recorded_steps(trace_dir))
+        name = sig.name if sig is not None else f"signal {-rc}"
         return Outcome(Status.INFRA, detail=f"killed by {name} (out of memory or stopped from outside)", returncode=rc)
     return None
 
@@ -423,7 +455,7 @@ def _killed(spec: ProbeSpec, end: _Ended, rc: int, how: str) -> Outcome | None:
 def _judge_end(spec: ProbeSpec, exe: str, trace_dir: Path, end: _Ended, boot: Path | None = None) -> Outcome:
     """The outcome of a process that ran: timeout, signal, the sealed one, or the launcher's exit code."""
     rc, err = end.returncode, end.err
-    killed = _killed(spec, end, rc, "process group killed")
+    killed = _killed(spec, end, rc, "process group killed", trace_dir)
     if killed is not None:
         return killed
     shards = anycommand.read_shards(trace_dir)
@@ -455,7 +487,7 @@ def _judge_wrapped(spec: ProbeSpec, trace_dir: Path, end: _Ended, boot: Path) ->
     """The outcome of a command that ran as given: timeout, signal, then the shards of its
     ranks, the flat trace its training process wrote, or its exit status."""
     rc, err = (0 if end.cut else end.returncode), end.err
-    killed = _killed(spec, end, rc, "every process of the probe killed")
+    killed = _killed(spec, end, rc, "every process of the probe killed", trace_dir)
     if killed is not None:
         return killed
     shards = anycommand.read_shards(trace_dir)
@@ -522,8 +554,9 @@ def run_in_dir(spec: ProbeSpec, workdir: Path, trace_dir: Path, *, echo: bool = 
     ``spec.env`` is added to this process's environment; the command runs in its own
     session (process group). Outcome: the one the launcher sealed in the trace manifest;
     ``timeout`` when ``spec.timeout`` passed (the whole group is killed: SIGTERM, then
-    SIGKILL after ``KILL_GRACE_S``); ``infra`` when it was killed by a signal or left no
-    sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
+    SIGKILL after ``KILL_GRACE_S``); ``crashed`` when it died by a signal it raised on
+    itself (``SELF_INFLICTED``: abort(), a segfault); ``infra`` when it was killed from
+    outside (SIGKILL, SIGTERM) or left no sealed manifest; ``skip`` when the command or interpreter cannot be found or run.
     Raises ``UsageError`` only for ``python -c`` or a ``python`` without a program.
     Ranks (torchrun's, ``mp.spawn``'s) leave one shard each under ``trace_dir/ranks/`` and
     the top manifest is assembled once the command ended (``anycommand.assemble``).

@@ -65,16 +65,19 @@ seed_source``), or null. Evaluation after the last step is in ``extra.eval_after
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
+import re
 import runpy
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import Any, Sequence
 
 from reprobisect import native
-from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status
+from reprobisect.core.outcome import LAUNCH_EXIT, Outcome, Status, disk_full_detail
 from reprobisect.errors import UsageError
 from reprobisect.runners.watch import Activator as _Activator
 from reprobisect.runners.environment import collect_environment, revision_of
@@ -454,13 +457,49 @@ def run(argv: Sequence[str]) -> int:
     ns, prog = parse_args(argv)
     _claim_process()
     r = _Run(ns, prog)
-    outcome = r.execute()
+    outcome = _on_full_disk(r.execute(), ns.trace)
     if r.recorder is not None:
         r.recorder.done = True
     r.cleanup_children()
-    r.seal(outcome)
+    try:
+        r.seal(outcome)
+    except OSError as e:  # the manifest itself did not fit: the trace stays 'incomplete', never read as complete
+        if e.errno not in _NO_SPACE_ERRNOS:
+            raise
+        outcome = Outcome(Status.INFRA, detail=disk_full_detail(os.path.abspath(ns.trace), errno.errorcode[e.errno]),
+                          trace=os.path.abspath(ns.trace))
+        r.outcome = outcome
     _say(r.outcome, r.steps_done)
     return LAUNCH_EXIT[outcome.status]
+
+
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE = re.compile(rf"\[Errno ({errno.ENOSPC}|{errno.EDQUOT})\]")
+
+
+def _on_full_disk(outcome: Outcome, trace: str) -> Outcome:
+    """A recorder failure that was a full disk (ENOSPC/EDQUOT while writing the trace) as
+    ``disk_full_detail``: the tool's own writing failed, which the parent reports as one
+    line naming the disk (``bisect capture``: exit 2), not as a bug of the recorder."""
+    if outcome.status is not Status.INFRA:
+        return outcome
+    m = _NO_SPACE.search(f"{outcome.detail}\n{outcome.traceback or ''}")
+    if m is None:
+        return outcome
+    code = errno.errorcode[int(m.group(1))]
+    return replace(outcome, detail=disk_full_detail(os.path.abspath(trace), code))
+
+
+def _trace_arg(args: Sequence[str]) -> str:
+    """The absolute ``--trace`` folder among the launcher's arguments (for an error line)."""
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a.startswith("--trace="):
+            return os.path.abspath(a.split("=", 1)[1])
+        if a == "--trace" and i + 1 < len(args):
+            return os.path.abspath(args[i + 1])
+    return "the trace folder"
 
 
 def _claim_process() -> None:
@@ -486,11 +525,17 @@ def _say(outcome: Outcome, steps: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m reprobisect.runners.launch``; ends the process."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = run(sys.argv[1:] if argv is None else argv)
+        code = run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
+    except OSError as e:  # the launcher's own writing (claims, the trace's first manifest) hit a full disk
+        if e.errno not in _NO_SPACE_ERRNOS:
+            raise
+        print(f"reprobisect: infra: {disk_full_detail(_trace_arg(args), errno.errorcode[e.errno])}", file=sys.stderr)
+        code = LAUNCH_EXIT[Status.INFRA]
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

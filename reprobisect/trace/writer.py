@@ -13,6 +13,7 @@ else already at the path is refused, never deleted.
 from __future__ import annotations
 
 import datetime as _dt
+import contextlib
 import copy
 import hashlib
 import json
@@ -120,12 +121,17 @@ def _json_bytes(data: Any, *, compact: bool) -> bytes:
 
 def _write_atomic(path: Path, data: bytes, *, fsync: bool) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk (ENOSPC) mid-write: leave no half-written temporary behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def fsync_path(path: Path) -> None:

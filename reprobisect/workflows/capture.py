@@ -13,6 +13,7 @@ live to the terminal; an executor that runs it elsewhere shows it when the probe
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reprobisect.core.checks import check_number
-from reprobisect.core.outcome import Outcome, Status
+from reprobisect.core.outcome import Outcome, Status, disk_full, disk_full_detail
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import Executor
@@ -32,9 +33,10 @@ from reprobisect.trace.outdir import check_trace_target
 
 __all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
 
-# exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError)
+# exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError): 1 only
+# for what the command itself did; a timeout or a kill from outside could not test it (125)
 EXIT_CODES = {Status.OK: 0, Status.SKIP: 125, Status.CRASHED: 1, Status.NONFINITE: 1, Status.NO_STEPS: 1,
-              Status.TIMEOUT: 1, Status.INFRA: 1}
+              Status.TIMEOUT: 125, Status.INFRA: 125}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +165,10 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     """Run ``argv`` (``python train.py ...``) in ``cwd`` under the launcher, recording into ``out``.
 
     The probe runs on ``executor`` (default: a local one, made and closed here). Raises
-    ``UsageError`` for a command that is not Python or an output path that is not a trace
-    folder; every way the command itself can end is an ``Outcome``.
+    ``UsageError`` for a command that is not Python, an output path that is not a trace
+    folder, or a trace that could not be written because its disk is full (ENOSPC/EDQUOT:
+    the tool's own writing failed, so exit 2 like an unwritable -o, not 125); every way
+    the command itself can end is an ``Outcome``.
     """
     config = config or CaptureConfig()
     workdir = Path(cwd or os.getcwd()).resolve()
@@ -177,13 +181,16 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     # the command's output streams live (as under git bisect run) unless quiet; it is kept
     # in the trace folder as output.log either way (reprobisect.support.outputlog)
     spec = config.spec(argv, workdir, trace)
-    if executor is None:
-        with LocalExecutor(jobs=1) as local:
-            result = local.submit(spec).result()
-    else:
-        result = executor.submit(spec).result()
-        if spec.echo and not getattr(executor, "live_output", False):
-            _show_output(result)
+    try:
+        result = _run(spec, executor)
+    except OSError as e:  # this process's own writing (the trace folder, the probe's files) on a full disk
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UsageError(f"{disk_full_detail(str(trace), errno.errorcode[e.errno])}; free space there or "
+                         "choose another -o") from None
+    full = disk_full(result.outcome)
+    if full is not None:  # the tool's own writing failed: bad environment (exit 2), never a verdict on the command
+        raise UsageError(f"{full}; free space there or choose another -o (the trace there is incomplete)")
     return CaptureResult(
         outcome=result.outcome,
         trace=str(trace),
@@ -192,6 +199,17 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
         stderr_tail=result.stderr_tail,
         output_tail=result.output_tail,
     )
+
+
+def _run(spec: ProbeSpec, executor: Executor | None) -> ProbeResult:
+    """Run the capture's one probe on ``executor`` (None: a local one, made and closed here)."""
+    if executor is None:
+        with LocalExecutor(jobs=1) as local:
+            return local.submit(spec).result()
+    result = executor.submit(spec).result()
+    if spec.echo and not getattr(executor, "live_output", False):
+        _show_output(result)
+    return result
 
 
 def _show_output(result: ProbeResult) -> None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import click
 
-from reprobisect.cli.options import link_option, probe_options, split_command
+from reprobisect.cli.options import NON_NEGATIVE, link_option, probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import UsageError
 from reprobisect.exitcodes import ExitCode
@@ -30,7 +30,7 @@ __all__ = ["command"]
 @click.option("--repeat", type=int, default=1, show_default=True, help="Run each probe R times and require agreement.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted session with the same arguments.")
 @click.option("--terms", default="good,bad", show_default=True, help="Names for before,after the change (e.g. old,new).")
-@click.option("--lock-timeout", type=float, default=0.0, show_default=True,
+@click.option("--lock-timeout", type=NON_NEGATIVE, default=0.0, show_default=True,
               help="Seconds to wait for another session on this repository to finish (0: refuse at once).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @link_option

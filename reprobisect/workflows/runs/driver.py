@@ -111,6 +111,9 @@ class RunsSession:
             what = f"bisect runs --good {self.cfg.good} --bad {self.cfg.bad}"
             stack.enter_context(_g.session_lock(self.info, timeout=self.cfg.lock_timeout, what=what,
                                                 option="--lock-timeout", on_wait=None if self.opts.quiet else _say))
+            # last out (after the executor removed this session's worktrees): a SIGKILL'd session's
+            # leftovers that were still in use at the start (its orphaned probe) go now, not at the next start
+            stack.callback(self._prune_stale)
             self.pool = stack.enter_context(cf.ThreadPoolExecutor(max_workers=max(1, self.opts.jobs),
                                                                   thread_name_prefix="runs"))
             stack.callback(self.pool.shutdown, wait=True, cancel_futures=True)
@@ -167,12 +170,9 @@ class RunsSession:
     def _open_log(self) -> None:
         """Clean up after killed sessions, then load the log to resume or start a new one
         (only while this session holds the repository's lock)."""
-        # leftovers of SIGKILL'd sessions (worktrees of dead pids): cleaned on start,
-        # also when every probe of this session comes from the cache
-        try:
-            _g.prune_stale_worktrees(self.info)
-        except (OSError, ReproError):
-            pass
+        # leftovers of SIGKILL'd sessions (worktrees of dead pids): cleaned on start (a fresh one
+        # or --resume), also when every probe of this session comes from the cache
+        self._prune_stale()
         self.replaced = 0
         if self.cfg.resume:
             self.log = load_for_resume(self.log_path, self.header, self.points, self.terms, self.parents)
@@ -180,6 +180,14 @@ class RunsSession:
             self.replaced = unfinished(self.log_path)
             self.log = SessionLog.create(self.log_path, self.header)
         self.logged = {(e.role, e.point): e for e in self.log.events}
+
+    def _prune_stale(self) -> None:
+        """Remove the worktrees of dead sessions that no live process works in
+        (``prune_stale_worktrees``) and prune git's list; a courtesy that never fails the session."""
+        try:
+            _g.prune_stale_worktrees(self.info)
+        except (OSError, ReproError):
+            pass
 
     def _record(self, j: Judged, role: str, verdict: str, rnd: int | None = None) -> None:
         """Append a judged probe to the session log (fsynced) and tell ``on_event``."""

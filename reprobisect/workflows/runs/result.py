@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from reprobisect.core.checks import check_number
 from reprobisect.core.options import ProbeOptions
 from reprobisect.render.runs import commit_json, render_result, result_json
 
@@ -55,6 +56,11 @@ class RunsConfig:
     lock_timeout: float = 0.0
     """Seconds to wait for another session on the same repository to finish (``--lock-timeout``);
     0: refuse at once, naming the session that holds the lock."""
+
+    def __post_init__(self) -> None:
+        # NaN/inf would wait forever for the lock and a negative wait means nothing: refuse
+        # them here too, for callers of the library that bypass the command line's check
+        check_number("--lock-timeout", self.lock_timeout, minimum=0, unit=" seconds")
 
 
 @dataclass(frozen=True)
