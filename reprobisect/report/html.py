@@ -98,9 +98,10 @@ def _zoom(view: View) -> str:
     z = view.zoom
     if not z:
         return ""
-    keys = ("verdict", "module", "step", "op", "occurrence", "record", "inner_module", "first_differing",
-            "ops_a", "ops_b", "detail")
-    out = "<h3>Op zoom</h3>" + _table(("field", "value"), [(k, z.get(k)) for k in keys if z.get(k) not in (None, "")])
+    keys = ("verdict", "contradiction", "module", "step", "op", "occurrence", "record", "inner_module",
+            "first_differing", "ops_a", "ops_b", "detail", "reruns")  # the zoom's disagreement with the banner: said
+    rows = [(k, "; ".join(map(str, v)) if isinstance(v, list) else v) for k in keys if (v := z.get(k)) not in (None, "", [])]
+    out = "<h3>Op zoom</h3>" + _table(("field", "value"), rows)
     if view.zoom_ops:
         rows = [(r["index"], r["record"], r["op"], "yes" if r["inputs_agree"] else "no",
                  "yes" if r["output_agrees"] else "no", format_number(r["norm_a"]), format_number(r["norm_b"]))

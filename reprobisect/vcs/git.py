@@ -96,6 +96,7 @@ __all__ = [
     "prune_stale_worktrees",
     "archive",
     "extract",
+    "checkout_state",
 ]
 
 
@@ -878,3 +879,21 @@ def extract(data: bytes, dest: str | os.PathLike[str]) -> Path:
         except tarfile.FilterError as e:
             raise ProbeError(f"refusing to extract an archive member outside {d}: {e}") from None
     return d
+
+
+# --------------------------------------------------------------------------- checkout state
+def checkout_state(repo: "RepoInfo | str | os.PathLike[str]", script: str | os.PathLike[str] | None = None) -> tuple[str | None, bool]:
+    """(the full hash HEAD names, None in a repository without commits; whether the checkout
+    holds uncommitted changes), judged as a trace's ``revision`` records them
+    (``reprobisect.runners.environment.revision_of``): tracked files differ from HEAD
+    (``git status --porcelain --untracked-files=no``), or ``script`` is not tracked.
+
+    Reads only: the zoom asks it whether the user's checkout still holds a dirty trace's
+    changes before it re-runs that trace in place.
+    """
+    g = _Git(_root(repo))
+    head = _run(g, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+    dirty = bool(_run(g, "status", "--porcelain", "--untracked-files=no").out.strip())
+    if script is not None and not dirty:
+        dirty = _run(g, "ls-files", "--error-unmatch", "--", str(script), check=False).status != 0
+    return (head.out.strip() or None) if head.status == 0 else None, dirty

@@ -14,7 +14,22 @@ the launcher recorded (``manifest.recorder.cwd``), with this process's environme
 the numerics-relevant variables the side's environment record kept
 (``environment.env_vars``) plus ``ZoomSide.env``. Variables the record does not keep are
 not repeated: when the two sides differ by one, the caller (``bisect envs``) passes it in
-``ZoomSide.env``; when they differ by commit, ``ZoomSide.cwd`` points at that checkout.
+``ZoomSide.env``.
+
+Where (``_placement``): what was recorded, never whatever the user's checkout holds now.
+A trace whose ``manifest.revision`` names a commit re-runs at that commit in a detached
+worktree of the repository holding it (``ProbeSpec.repo``/``revision``: the executor's
+worktree pool, as ``bisect runs``; removed when the executor closes, also on Ctrl-C), from
+the recorded folder relative to the repository root, its command's absolute paths into the
+checkout made relative; ``links`` (``--link``) bring in what git does not hold. Two sides
+at two commits: two worktrees. The user's working tree, index and HEAD are never touched.
+The manifest records only *that* a run had uncommitted changes (``dirty``), not which, so a
+dirty trace re-runs only in the user's checkout itself while it is at the recorded commit
+and still dirty (its changes assumed to be the recorded ones, and the answer says so);
+otherwise it is refused with one line naming the commit. A trace recorded outside git
+re-runs in place, and the answer says so. ``ZoomSide.cwd`` runs a side in that folder as it is.
+``ZoomResult.reruns`` says where each side ran; ``ZoomResult.contradiction`` says where the
+re-run disagrees with the trace comparison (``_contradiction``), on a line of its own.
 The re-runs are probes on an executor like every probe (own process group, timeout,
 outcome; the local one with both sides at once by default), each writing its trace to
 ``a.trace`` / ``b.trace`` of the zoom folder.
@@ -30,6 +45,7 @@ Core module: imports no ML framework; the zoom traces are read like any other tr
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tempfile
@@ -44,6 +60,7 @@ from reprobisect.executors.base import Executor
 from reprobisect.executors.local import LocalExecutor
 from reprobisect.support.trust import is_trusted
 from reprobisect.trace import Record, Trace, read_trace
+from reprobisect.vcs import git
 
 __all__ = ["ZoomResult", "ZoomSide", "run_zoom", "UntrustedTraceError", "untrusted_reruns", "first_divergent_op", "zoom_target", "SEPARATOR", "VERDICTS"]
 
@@ -97,11 +114,26 @@ class ZoomResult:
     detail: str = ""
     trace_a: str | None = None
     trace_b: str | None = None
+    reruns: tuple[str, ...] = ()
+    """Where each side re-ran (``A at its recorded commit 1a2b3c4d5e (a detached worktree)``,
+    ``B in place in '/x' (its trace was recorded outside any git repository ...)``)."""
+    contradiction: str = ""
+    """Where the re-run disagrees with the trace comparison (a side whose re-run did not
+    reproduce its trace at the module, or a zoom verdict the traces contradict); empty when
+    none. Shown as its own line: the zoom's answer and the traces' are never presented as one."""
 
     def __bool__(self) -> bool:
         return self.verdict == "agree"
 
     def __str__(self) -> str:
+        lines = [self._answer()]
+        if self.reruns:
+            lines.append("  re-ran " + "; ".join(self.reruns))
+        if self.contradiction:
+            lines.append(f"  {self.contradiction}")
+        return "\n".join(lines)
+
+    def _answer(self) -> str:
         where = f"module '{self.module}' at step {self.step}" if self.module else f"the model's forward at step {self.step}"
         if self.verdict == "origin":
             inner = f" (in '{self.inner_module}')" if self.inner_module and self.inner_module != self.module else ""
@@ -245,30 +277,117 @@ def zoom_target(divergence: Any) -> tuple[str, int]:
     return module, int(step)
 
 
-def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, timeout: float | None) -> ProbeSpec:
+def _side_spec(trace: Trace, side: ZoomSide, module: str, step: int, key: str, timeout: float | None,
+               label: str = "A", links: tuple[str, ...] = ()) -> tuple[ProbeSpec, str]:
+    """The probe that re-runs one side, and the words saying where it runs (``ZoomResult.reruns``)."""
     m = trace.manifest
+    cwd = side.cwd or (m.recorder or {}).get("cwd")
+    if not cwd:
+        raise UsageError(f"cannot re-run trace '{trace.path}': it records no working folder; pass ZoomSide(cwd=...)")
+    place, said, root = _placement(trace, str(cwd), side.cwd is not None, label, links)
     if side.command is not None:
         argv = tuple(side.command)
     else:
         if not m.command:
             raise UsageError(f"trace '{trace.path}' records no command to re-run; pass ZoomSide(command=...)")
         python = ((m.environment or {}).get("python") or {}).get("executable") or "python"
-        argv = (python, *m.command)
+        argv = (python, *(_relative_arg(a, root, str(cwd)) if root else a for a in m.command))
+    if place.get("workdir") is not None and not Path(place["workdir"]).is_dir():
+        raise UsageError(
+            f"cannot re-run trace '{trace.path}': its working folder '{place['workdir']}' does not exist here; "
+            "pass ZoomSide(cwd=...)"
+        )
     env_vars = (m.environment or {}).get("env_vars")
     recorded_env = {str(k): str(v) for k, v in env_vars.items()} if isinstance(env_vars, dict) else {}
-    cwd = side.cwd or (m.recorder or {}).get("cwd")
-    if not cwd or not Path(cwd).is_dir():
-        raise UsageError(
-            f"cannot re-run trace '{trace.path}': its working folder '{cwd}' does not exist here; pass ZoomSide(cwd=...)"
-        )
-    return ProbeSpec(
+    spec = ProbeSpec(
         key=key,
         argv=argv,
-        workdir=cwd,
         env={**recorded_env, **dict(side.env)},
         steps=step + 1,
         timeout=timeout,
         extra_launch_args=("--zoom-module", module, "--zoom-step", str(step)),
+        **place,
+    )
+    return spec, said
+
+
+def _relative_arg(arg: str, root: str, cwd: str) -> str:
+    """``arg`` with an absolute path inside the recorded repository ``root`` made relative to
+    the recorded ``cwd`` (also after ``--opt=``): in a worktree it must name the worktree's
+    file, not the user's checkout's."""
+    head, eq, value = arg.partition("=") if arg.startswith("-") and "=" in arg else ("", "", arg)
+    if os.path.isabs(value) and (value == root or value.startswith(root.rstrip("/") + "/")):
+        return head + eq + os.path.relpath(value, cwd)
+    return arg
+
+
+def _placement(trace: Trace, cwd: str, given: bool, label: str,
+               links: tuple[str, ...]) -> tuple[dict[str, Any], str, str | None]:
+    """ProbeSpec fields placing one side's re-run, the words saying where it runs, and the
+    recorded repository root whose absolute paths in the command are made relative (None: none).
+
+    At the trace's recorded commit, in a detached worktree of the repository that holds it
+    (the recorded root, else the current folder's), from the recorded folder relative to the
+    repository root: the user's checkout, index and HEAD are never touched. A trace recorded
+    outside any git repository (or in one without commits) is re-run in place, and the words
+    say so. A trace recorded with uncommitted changes: ``_dirty_placement``.
+    """
+    if given:
+        return {"workdir": cwd}, f"{label} in '{cwd}' (the folder given)", None
+    rev = trace.manifest.revision or {}
+    commit, root = rev.get("commit"), rev.get("root")
+    if not commit or not root:
+        why = ("was recorded in a git repository without commits" if rev
+               else "was recorded outside any git repository")
+        return {"workdir": cwd}, (f"{label} in place in '{cwd}' (its trace {why}: the files there are assumed "
+                                  "to be the ones it ran)"), None
+    subdir = os.path.relpath(cwd, root)
+    if subdir == ".." or subdir.startswith("../"):
+        raise UsageError(
+            f"cannot re-run trace '{trace.path}' at its commit {commit[:10]}: it ran in '{cwd}', outside its "
+            f"repository '{root}'; re-record it from a folder inside the repository"
+        )
+    info, full = _repo_with(trace, commit, root)
+    if rev.get("dirty") is not False:  # dirty, or not known to be clean
+        return (*_dirty_placement(trace, info, full, subdir, label), root)
+    return ({"repo": str(info.root), "revision": full, "subdir": subdir,
+             "links": git.check_links(info, links) if links else ()},
+            f"{label} at its recorded commit {full[:10]} (a detached worktree)", root)
+
+
+def _repo_with(trace: Trace, commit: str, root: str) -> tuple[git.RepoInfo, str]:
+    """The repository here that holds ``commit``: the recorded ``root``, else the current
+    folder's (a trace recorded in another clone or on another machine); and the full hash."""
+    for where in dict.fromkeys((root, os.getcwd())):
+        try:
+            info = git.open_repo(where)
+            return info, git.resolve(info, commit)
+        except (UsageError, ProbeError):
+            continue
+    raise UsageError(
+        f"trace '{trace.path}' was recorded at commit {commit[:10]}, which no repository here holds "
+        f"(looked in '{root}' and the current folder); run from a clone that has it (git fetch)"
+    )
+
+
+def _dirty_placement(trace: Trace, info: git.RepoInfo, full: str, subdir: str, label: str) -> tuple[dict[str, Any], str]:
+    """Where a trace recorded with uncommitted changes re-runs: the manifest records only that
+    there were some (no diff), so only the user's checkout itself can hold them, and only when
+    it is still at the recorded commit with changes of its own. Those are assumed to be the
+    recorded ones, and the words say so. Otherwise: refused, one line naming the commit."""
+    m = trace.manifest
+    workdir = info.root / subdir
+    prog = (m.command or [None])[0]
+    script = workdir / prog if prog and prog != "-m" and not prog.startswith("-") else None
+    head, dirty = git.checkout_state(info, script if script is not None and script.is_file() else None)
+    if head == full and dirty:
+        return ({"workdir": str(workdir)},
+                f"{label} in the checkout itself at {full[:10]}: its trace was recorded with uncommitted changes, "
+                "assumed to be the ones the checkout holds now (the trace records only that there were some)")
+    now = (f"at {head[:10]}" if head else "without a commit") + (" with uncommitted changes" if dirty else ", clean")
+    raise UsageError(
+        f"trace '{trace.path}' was recorded at {full[:10]} with uncommitted changes that the checkout "
+        f"{info.root} (now {now}) no longer holds; zoom cannot re-run it faithfully: re-record it from a clean commit"
     )
 
 
@@ -278,8 +397,10 @@ class UntrustedTraceError(UsageError):
 
 def _describe(trace: Trace, spec: ProbeSpec) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
+    where = (f"in '{spec.subdir}' of a worktree of {spec.repo} at {spec.revision[:10]}" if spec.revision
+             else f"in '{spec.workdir}'")
     return (f"trace '{trace.path}' was not recorded by this user on this machine; zoom would run: "
-            f"{(env + ' ') if env else ''}{shlex.join(spec.argv)}  (in '{spec.workdir}')")
+            f"{(env + ' ') if env else ''}{shlex.join(spec.argv)}  ({where})")
 
 
 def untrusted_reruns(traces: list[Trace], specs: list[ProbeSpec]) -> list[str]:
@@ -301,6 +422,7 @@ def run_zoom(
     trust: bool = False,
     confirm: Callable[[str], bool] | None = None,
     executor: Executor | None = None,
+    links: tuple[str, ...] = (),
 ) -> ZoomResult:
     """Re-run both sides with the zoom at the divergence and name the first differing op.
 
@@ -313,6 +435,11 @@ def run_zoom(
     A side whose trace was not recorded by this user here (``reprobisect.support.trust``) is
     re-run only with ``trust=True`` or when ``confirm(text)`` returns True (``text``
     names what would run); otherwise ``UntrustedTraceError`` is raised before anything runs.
+
+    Each side re-runs at its trace's recorded commit in a detached worktree (``links``: paths
+    of the user's checkout symlinked into it, as ``bisect runs --link``); see ``_placement``
+    for traces recorded outside git or with uncommitted changes. ``ZoomResult.reruns`` says
+    where each side ran, ``ZoomResult.contradiction`` where the re-run disagrees with the traces.
     """
     unsupported = rerun_unsupported("zoom", *(x.path if isinstance(x, Trace) else x for x in (a, b)))
     if unsupported:  # a torchrun/job-script command: its ranks are not re-run with the zoom (yet)
@@ -325,10 +452,9 @@ def run_zoom(
         m2, s2 = zoom_target(divergence)
         module = m2 if module is None else module
         step = s2 if step is None else step
-    specs = [
-        _side_spec(ta, side_a or ZoomSide(), module, step, "zoom-a", timeout),
-        _side_spec(tb, side_b or ZoomSide(), module, step, "zoom-b", timeout),
-    ]
+    placed = [_side_spec(t, side or ZoomSide(), module, step, key, timeout, label, tuple(links))
+              for t, side, key, label in ((ta, side_a, "zoom-a", "A"), (tb, side_b, "zoom-b", "B"))]
+    specs = [sp for sp, _ in placed]
     if not trust:
         _confirm_reruns(untrusted_reruns([ta, tb], specs), confirm)
     tmp = None
@@ -341,18 +467,65 @@ def run_zoom(
     try:
         dirs = [root / "a.trace", root / "b.trace"]
         results = _run_sides([replace(sp, trace_dir=str(d)) for sp, d in zip(specs, dirs)], executor)
-        for label, r in zip("AB", results):
-            if not r.outcome or r.trace_dir is None:
-                tail = (r.stderr_tail or "").strip().splitlines()[-1:] or [""]
-                raise ProbeError(f"zoom re-run of side {label} did not record a trace: {r.outcome} {tail[0]}".rstrip())
+        _check_reruns(results)
         za, zb = read_trace(dirs[0], allow_incomplete=True), read_trace(dirs[1], allow_incomplete=True)
         result = first_divergent_op(za, zb, module, step)
+        result = replace(result, reruns=tuple(said for _, said in placed),
+                         contradiction=_contradiction(divergence, result, (ta, tb), (za, zb)))
         if tmp is not None:
             result = replace(result, trace_a=None, trace_b=None)
         return result
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _check_reruns(results: list[ProbeResult]) -> None:
+    """``ProbeError`` for a re-run that left no trace, or ran another commit than it was given."""
+    for label, r in zip("AB", results):
+        if not r.outcome or r.trace_dir is None:
+            tail = (r.stderr_tail or "").strip().splitlines()[-1:] or [""]
+            raise ProbeError(f"zoom re-run of side {label} did not record a trace: {r.outcome} {tail[0]}".rstrip())
+        if r.spec.revision and r.commit_ran and r.commit_ran != r.spec.revision:
+            raise ProbeError(f"zoom re-run of side {label} ran {r.commit_ran[:10]}, not its recorded commit "
+                             f"{r.spec.revision[:10]} (a stale worktree); run it again")
+
+
+def _module_records(trace: Trace, module: str, step: int) -> dict[tuple[str, str], str]:
+    """The fingerprints of ``module``'s own output records at ``step`` (``output`` for the model)."""
+    s = trace.step(step)
+    name = module or "output"
+    return {(r.kind, r.name): r.fingerprint for r in (s.records if s is not None else ())
+            if r.kind in ("activation", "output") and (r.name == name or r.name.startswith(name + "["))}
+
+
+def _contradiction(divergence: Any, result: ZoomResult, traces: tuple[Trace, Trace], reruns: tuple[Trace, Trace]) -> str:
+    """Where the zoom's re-run says something else than the trace comparison ("" when nothing).
+
+    A side whose re-run recorded another output of the module than its trace did was not
+    reproduced (nondeterminism, or code, data or environment changed since): the ops named
+    are the re-run's. A zoom verdict of ``inputs_differ`` where the comparison found the
+    module's inputs agreeing, or ``agree`` where the traces diverge, contradicts the traces.
+    """
+    parts = []
+    for label, t, z in zip("AB", traces, reruns):
+        recorded, rerun = _module_records(t, result.module, result.step), _module_records(z, result.module, result.step)
+        shared = recorded.keys() & rerun.keys()
+        if shared and any(recorded[k] != rerun[k] for k in shared):
+            parts.append(f"the re-run of side {label} did not reproduce its trace (the module's output at step "
+                         f"{result.step} differs from the recorded one: the run is not deterministic, or its code, "
+                         "data or environment changed since it was recorded); the ops above are the re-run's")
+    d = divergence
+    if d is not None and hasattr(d, "first") and not hasattr(d, "kind"):  # a Comparison
+        d = d.origin or d.first
+    if result.verdict == "inputs_differ" and getattr(d, "localization", None) == "origin":
+        parts.append(f"the traces show the module's inputs agreeing at step {result.step}, but in the re-run its "
+                     "first differing op already has differing inputs (its parameters or buffers differ, or the "
+                     "re-run is not the recorded run)")
+    elif result.verdict == "agree" and d is not None:
+        parts.append(f"the traces diverge at this module at step {result.step}, but in the re-run every op agrees: "
+                     "the divergence did not reproduce")
+    return ("the zoom disagrees with the trace comparison: " + "; ".join(parts)) if parts else ""
 
 
 def _unsupported(divergence: Any, module: str | None, step: int | None, why: str) -> ZoomResult:

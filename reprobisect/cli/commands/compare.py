@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from reprobisect.cli.options import executor_options, tolerance_from, tolerance_options
+from reprobisect.cli.options import executor_options, link_option, tolerance_from, tolerance_options
 from reprobisect.core import compare as _compare
 from reprobisect.core.options import ProbeOptions
 from reprobisect.executors import executor_for
@@ -43,15 +43,19 @@ def _tolerance_flags(f):
 @click.option("--zoom", is_flag=True, help="On divergence, re-run both sides recording every op of the first diverging module.")
 @click.option("--trust-trace", is_flag=True,
               help="With --zoom: re-run the commands recorded in traces this machine did not record, without asking.")
+@link_option
 @executor_options
 def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: float | None, override: tuple[str, ...],
-            allow_incomplete: bool, verify: bool, as_json: bool, zoom: bool, trust_trace: bool, options: ProbeOptions) -> int:
+            allow_incomplete: bool, verify: bool, as_json: bool, zoom: bool, trust_trace: bool, link: tuple[str, ...],
+            options: ProbeOptions) -> int:
     """Name the first step, stage and tensor where traces A and B disagree.
 
     Exit status: 0 when they agree (identical, or within the tolerance), 1 when they
     diverge, 2 on bad input (a missing, truncated or foreign trace, a bad option).
 
-    --zoom re-runs the commands the traces recorded. A trace that this user did not
+    --zoom re-runs the commands the traces recorded, each at its trace's recorded commit in a
+    detached worktree (--link PATH: files git does not hold, symlinked in); a trace recorded
+    with uncommitted changes the checkout no longer holds is refused. A trace that this user did not
     record on this machine (someone else's) is untrusted: zoom shows what it would run
     and asks, or, without a terminal, refuses unless --trust-trace is given.
     """
@@ -64,7 +68,7 @@ def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: flo
         # be asked: an untrusted trace is refused unless --trust-trace
         confirm = _confirm if sys.stdin is not None and sys.stdin.isatty() else None
         with executor_for(options) as ex:  # --executor/--jobs: where the two re-runs go
-            zoomed = run_zoom(a, b, result, trust=trust_trace, confirm=confirm, executor=ex)
+            zoomed = run_zoom(a, b, result, trust=trust_trace, confirm=confirm, executor=ex, links=link)
     if as_json:
         click.echo(json.dumps(comparison_json(result, zoomed), indent=1))
     else:
