@@ -495,9 +495,9 @@ def test_cli_zoom(tmp_path, capsys):
 
 
 def test_measure_works_chunk_by_chunk(tmp_path, monkeypatch):
-    import reprobisect.core.compare as cmp
+    import reprobisect.core.compare.numeric as numeric
 
-    monkeypatch.setattr(cmp, "_CHUNK", 7)
+    monkeypatch.setattr(numeric, "_CHUNK", 7)
     x = np.arange(50, dtype=np.float32).reshape(5, 10)
     y = x.copy()
     y[2, 3] += 1  # flat 23: the fourth chunk
