@@ -165,9 +165,9 @@ def test_one_exit_code_table_and_probe_codes_abort_git_bisect():
     assert len(set(ExitCode)) == len(list(ExitCode))
 
 
-def test_readme_documents_every_exit_code():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_document_every_exit_code():
+    usage = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    section = usage.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     for code in ExitCode:
         assert f"`{int(code)}`" in section, code
 
