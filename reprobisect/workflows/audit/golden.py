@@ -1,9 +1,13 @@
 """Golden traces: record one with its noise band, judge a new run against it, version it with DVC.
 
 A golden is a folder: ``trace/`` (the reference run's trace, full tensors at every recorded
-step) and ``noise.json`` (its noise band). ``--update-golden`` runs the reference command
-``noise_runs`` times; the band holds, per tensor (``kind/name``), the largest absolute and
-relative difference seen between run 0 and any repeat at any step. A later run is judged:
+step), ``noise.json`` (its noise band) and ``golden.json`` (the seal: the SHA-256 of
+``noise.json`` and of the trace's manifest, which lists every trace file's SHA-256; a
+golden whose band was edited is refused, not judged with). ``--update-golden`` replaces
+only a folder that is verifiably a golden (or empty, or new): never the user's files.
+
+``--update-golden`` runs the reference command ``noise_runs`` times; the band holds, per
+tensor (``kind/name``), the largest absolute and relative difference seen between run 0 and any repeat at any step. A later run is judged:
 
 - ``bitwise``: every bit equal to the golden;
 - ``within-noise``: bits differ, but every differing tensor is inside its band: elementwise
@@ -27,28 +31,40 @@ data side; this module only versions goldens).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reprobisect.core.compare import Comparison, Tolerance, compare_paths
-from reprobisect.errors import ProbeError, UsageError
+from reprobisect.errors import ProbeError, ReproError, TraceError, UsageError
+from reprobisect.trace.jsonsafe import is_int, loads_bounded
+from reprobisect.trace.outdir import is_trace_dir
 from reprobisect.trace.reader import Trace, read_trace
 
 __all__ = ["SAFETY", "NoiseBand", "calibrate", "band_tolerance", "judge", "save_golden", "load_golden",
-           "dvc_publish", "dvc_fetch", "REMOTE_NAME"]
+           "check_band", "check_golden_target", "foreign_reason", "dvc_publish", "dvc_fetch", "REMOTE_NAME",
+           "GOLDEN_FILE", "GOLDEN_FORMAT"]
 
 SAFETY = 4.0
 """Factor on the largest difference seen across the repeats (see the module docstring)."""
 
 NOISE_FILE = "noise.json"
 TRACE_DIR = "trace"
+GOLDEN_FILE = "golden.json"
+"""The seal: format marker, version, SHA-256 of ``noise.json`` and of the trace's ``manifest.json``."""
+GOLDEN_FORMAT = "reprobisect-golden"
+GOLDEN_VERSION = 1
+_SEAL_MAX = 64 << 10
+_NOISE_MAX = 64 << 20
 REMOTE_NAME = "reprobisect-golden"
 """The DVC remote name ``golden_remote:`` is registered under (in ``.dvc/config.local``)."""
 
@@ -69,13 +85,56 @@ class NoiseBand:
         return max((a for a, _ in self.tensors.values()), default=0.0)
 
     def to_json(self) -> dict[str, Any]:
+        """Strict JSON: a figure no band can be claimed for (inf, NaN: not sized) is ``null``."""
+        def f(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
         return {"runs": self.runs, "safety": SAFETY,
-                "tensors": {k: {"max_abs": a, "max_rel": r} for k, (a, r) in sorted(self.tensors.items())}}
+                "tensors": {k: {"max_abs": f(a), "max_rel": f(r)} for k, (a, r) in sorted(self.tensors.items())}}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "NoiseBand":
-        return cls(runs=int(d.get("runs", 1)),
-                   tensors={k: (float(v["max_abs"]), float(v["max_rel"])) for k, v in (d.get("tensors") or {}).items()})
+    def from_json(cls, d: Any, where: str = "noise band") -> "NoiseBand":
+        """Parse what ``to_json`` wrote; anything else is a one-line ``UsageError`` naming ``where``."""
+        return _parse_band(d, where)
+
+
+def _parse_band(d: Any, where: str) -> NoiseBand:
+    if not isinstance(d, dict) or not set(d) <= {"runs", "safety", "tensors"}:
+        raise UsageError(f"{where} must be an object with runs and tensors (got {_short(d)})")
+    runs = d.get("runs", 1)
+    if not is_int(runs) or runs < 1:
+        raise UsageError(f"{where}: 'runs' must be an integer >= 1 (got {_short(runs)})")
+    tensors = d.get("tensors", {})
+    if not isinstance(tensors, dict):
+        raise UsageError(f"{where}: 'tensors' must be an object (got {_short(tensors)})")
+    out: dict[str, tuple[float, float]] = {}
+    for k, v in tensors.items():
+        if "/" not in k or not isinstance(v, dict) or set(v) != {"max_abs", "max_rel"}:
+            raise UsageError(f"{where}: tensor {_short(k)} must be kind/name: {{max_abs, max_rel}} (got {_short(v)})")
+        out[k] = (_figure(v["max_abs"], where, k, "max_abs"), _figure(v["max_rel"], where, k, "max_rel"))
+    return NoiseBand(runs=runs, tensors=out)
+
+
+def _figure(x: Any, where: str, key: str, name: str) -> float:
+    """A band figure: a finite number >= 0, or null (no band claimed: read as infinite, never applied)."""
+    if x is None:
+        return math.inf
+    try:
+        f = float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f) or f < 0:
+        raise UsageError(f"{where}: {name} of tensor {_short(key)} must be a finite number >= 0 or null "
+                         f"(got {_short(x)})")
+    return f
+
+
+def _short(x: Any) -> str:
+    try:
+        text = repr(x)
+    except ValueError:  # an integer too long to print
+        return "a number too large to print"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _scalar(v: Any) -> float | None:
@@ -162,9 +221,10 @@ def band_tolerance(band: NoiseBand) -> Tolerance:
     return Tolerance(mode="bitwise", overrides=rules)
 
 
-def judge(golden: Path, trace: str) -> tuple[str, Comparison, NoiseBand]:
-    """``(tier, comparison, band)`` of a new run's ``trace`` against the golden folder."""
-    g, band = load_golden(golden)
+def judge(golden: Path, trace: str, *, verify: bool = True) -> tuple[str, Comparison, NoiseBand]:
+    """``(tier, comparison, band)`` of a new run's ``trace`` against the golden folder
+    (``verify``: check every file of the golden's trace first; see ``load_golden``)."""
+    g, band = load_golden(golden, verify=verify)
     exact = compare_paths(g, trace, tolerance=Tolerance(mode="bitwise"), allow_incomplete=True)
     if exact:
         return "bitwise", exact, band
@@ -174,30 +234,190 @@ def judge(golden: Path, trace: str) -> tuple[str, Comparison, NoiseBand]:
     return ("within-noise" if banded else "diverged"), banded, band
 
 
+def foreign_reason(golden: Path) -> str | None:
+    """Why ``golden`` may not be written as a golden (None: it is new, an empty folder, or a golden we wrote).
+
+    Ours: a folder holding only ``golden.json`` (with our format marker), ``noise.json`` and
+    ``trace/``; or, as an earlier version wrote them, exactly ``noise.json`` (an object with
+    ``tensors``) and ``trace/`` (a trace). Recognised by content, as ``-o`` recognises a trace.
+    """
+    g = Path(golden)
+    if not g.exists() and not g.is_symlink():
+        return None
+    if not g.is_dir():
+        return "exists and is not a folder"
+    try:
+        names = sorted(e.name for e in g.iterdir())
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not names:
+        return None
+    other = [n for n in names if n not in (GOLDEN_FILE, NOISE_FILE, TRACE_DIR)]
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        return f"is a folder holding files a golden does not ({shown})"
+    if GOLDEN_FILE in names and _seal_of(g) is not None:
+        return None
+    if names == [NOISE_FILE, TRACE_DIR] and is_trace_dir(g / TRACE_DIR) and _legacy_noise(g / NOISE_FILE):
+        return None
+    return "is a folder that is not a golden reprobisect wrote"
+
+
+def check_golden_target(golden: Path) -> Path:
+    """Refuse (one ``UsageError`` line, nothing touched) a golden path ``--update-golden`` may not replace."""
+    why = foreign_reason(golden)
+    if why is not None:
+        raise UsageError(f"golden '{golden}' {why}; choose a new or empty folder, or move it away yourself "
+                         "(nothing was touched)")
+    return Path(golden)
+
+
+def _legacy_noise(p: Path) -> bool:
+    try:
+        raw = loads_bounded(p.read_bytes()) if p.stat().st_size <= _NOISE_MAX else None
+    except (OSError, ValueError, ReproError):
+        return False
+    return isinstance(raw, dict) and "tensors" in raw
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _seal(folder: Path) -> dict[str, Any]:
+    return {"format": GOLDEN_FORMAT, "version": GOLDEN_VERSION,
+            "noise_sha256": _sha256(folder / NOISE_FILE),
+            "manifest_sha256": _sha256(folder / TRACE_DIR / "manifest.json")}
+
+
+def _seal_of(golden: Path) -> dict[str, Any] | None:
+    """``golden.json`` when it is a seal of ours (any version), else None."""
+    p = golden / GOLDEN_FILE
+    try:
+        if not p.is_file() or p.stat().st_size > _SEAL_MAX:
+            return None
+        raw = loads_bounded(p.read_bytes())
+    except (OSError, ValueError, ReproError):
+        return None
+    if not isinstance(raw, dict) or raw.get("format") != GOLDEN_FORMAT or not is_int(raw.get("version")) \
+            or raw["version"] < 1:
+        return None
+    return raw
+
+
+def _check_seal(golden: Path) -> None:
+    """``golden.json`` matches ``noise.json`` and the trace's manifest (which lists every trace file's SHA-256)."""
+    fix = "re-record it with bisect audit CONFIG --update-golden"
+    seal = _seal_of(golden)
+    if seal is None:
+        what = "is not a golden seal" if (golden / GOLDEN_FILE).exists() else "is missing (an older reprobisect wrote it)"
+        raise UsageError(f"golden '{golden}': {GOLDEN_FILE} {what}; {fix}")
+    if seal["version"] > GOLDEN_VERSION:
+        raise UsageError(f"golden '{golden}' was written by a newer reprobisect ({GOLDEN_FILE} version "
+                         f"{seal['version']}); upgrade reprobisect or {fix}")
+    for key, rel in (("noise_sha256", NOISE_FILE), ("manifest_sha256", f"{TRACE_DIR}/manifest.json")):
+        want = seal.get(key)
+        if not isinstance(want, str) or len(want) != 64:
+            raise UsageError(f"golden '{golden}': {GOLDEN_FILE} has no valid '{key}'; {fix}")
+        try:
+            got = _sha256(golden / rel)
+        except OSError as e:
+            raise UsageError(f"golden '{golden}': cannot read {rel} ({e.strerror or e}); {fix}") from None
+        if got != want:
+            raise UsageError(f"golden '{golden}': {rel} does not match its seal in {GOLDEN_FILE} (edited or "
+                             f"damaged since it was recorded); {fix}")
+
+
+def _read_band(golden: Path) -> NoiseBand:
+    p = golden / NOISE_FILE
+    where = f"golden '{golden}': {NOISE_FILE}"
+    try:
+        if p.stat().st_size > _NOISE_MAX:
+            raise UsageError(f"{where} is larger than {_NOISE_MAX >> 20} MiB; re-record it with --update-golden")
+        raw = loads_bounded(p.read_bytes())
+    except OSError as e:
+        raise UsageError(f"{where} cannot be read ({e.strerror or e})") from None
+    except (ValueError, ReproError) as e:
+        raise UsageError(f"{where} is not strict JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    return _parse_band(raw, where)
+
+
+def _magnitudes(trace: Trace) -> dict[str, float]:
+    """Per band key, the largest |x| the trace recorded for it (from its stats; scalars by value)."""
+    out: dict[str, float] = {}
+
+    def fold(key: str, m: float) -> None:
+        out[key] = max(out.get(key, 0.0), m) if math.isfinite(m) else math.inf
+
+    for step in trace:
+        for r in step.records:
+            lo, hi = r.stat("min"), r.stat("max")
+            fold(f"{r.kind}/{r.name}", max(abs(lo), abs(hi)) if lo is not None and hi is not None else math.inf)
+        for k, v in _scalars(step).items():
+            fold(f"scalar/{k}", abs(v))
+    return out
+
+
+def check_band(band: NoiseBand, trace: Trace, where: str) -> None:
+    """Refuse a band no repeat could have produced: a tensor the trace lacks, or a ``max_abs`` wider than
+    twice the largest |x| of the tensor (|a - b| <= |a| + |b|, and repeats are alike)."""
+    size = _magnitudes(trace)
+    for key, (a, _) in sorted(band.tensors.items()):
+        if key not in size:
+            raise UsageError(f"{where}: the band names tensor {_short(key)}, which the golden's trace does not record")
+        m = size[key]
+        if math.isfinite(a) and math.isfinite(m) and a > 2.0 * m * (1 + 1e-9):
+            raise UsageError(f"{where}: the band of tensor '{key}' (max_abs {a:.3g}) is wider than the tensor itself "
+                             f"(largest |x| {m:.3g}); no repeat differs by that much")
+
+
 def save_golden(golden: Path, traces: list[str]) -> NoiseBand:
-    """Write the golden folder atomically: run 0's trace + the band from the repeats."""
+    """Write the golden folder atomically: run 0's trace + the band from the repeats + the seal.
+
+    Refuses (``UsageError``, nothing touched) a path that is neither new, empty nor a golden
+    this tool wrote, and a band wider than the tensors it is for (the repeats did not repeat).
+    """
+    golden = check_golden_target(Path(golden))
     band = calibrate(traces)
-    golden = Path(golden)
+    check_band(band, read_trace(traces[0]), f"cannot record golden '{golden}'")
     golden.parent.mkdir(parents=True, exist_ok=True)
-    tmp = golden.with_name(f".{golden.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    shutil.copytree(traces[0], tmp / TRACE_DIR)
-    (tmp / NOISE_FILE).write_text(json.dumps(band.to_json(), indent=1, allow_nan=True))
-    old = golden.with_name(f".{golden.name}.old-{os.getpid()}")
-    if golden.exists():
-        golden.rename(old)
-    tmp.rename(golden)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{golden.name}.tmp-", dir=golden.parent))
+    old = golden.with_name(f".{golden.name}.old-{uuid.uuid4().hex[:12]}")
+    try:
+        shutil.copytree(traces[0], tmp / TRACE_DIR)
+        (tmp / NOISE_FILE).write_text(json.dumps(band.to_json(), indent=1, allow_nan=False))
+        (tmp / GOLDEN_FILE).write_text(json.dumps(_seal(tmp), indent=1) + "\n")
+        if golden.exists():
+            check_golden_target(golden)  # still ours (or empty) at the moment it is replaced
+            golden.rename(old)
+        tmp.rename(golden)
+    except BaseException:
+        if old.is_dir() and not golden.exists():
+            old.rename(golden)  # put the previous golden back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     return band
 
 
-def load_golden(golden: Path) -> tuple[str, NoiseBand]:
-    """The golden's trace folder and its band; a missing golden is a ``UsageError`` naming the fix."""
+def load_golden(golden: Path, *, verify: bool = True) -> tuple[str, NoiseBand]:
+    """The golden's trace folder and its band, checked: a missing golden, a broken seal, a malformed
+    or implausible band, or (``verify``) a damaged trace is one ``UsageError`` line naming the fix."""
     golden = Path(golden)
     if not (golden / TRACE_DIR).is_dir() or not (golden / NOISE_FILE).is_file():
         raise UsageError(f"golden '{golden}' is missing; record it with bisect audit CONFIG --update-golden")
-    return str(golden / TRACE_DIR), NoiseBand.from_json(json.loads((golden / NOISE_FILE).read_text()))
+    _check_seal(golden)
+    band = _read_band(golden)
+    try:
+        trace = read_trace(golden / TRACE_DIR, verify=verify)
+    except TraceError as e:
+        raise UsageError(f"golden '{golden}': its trace is damaged ({e}); re-record it with --update-golden") from None
+    check_band(band, trace, f"golden '{golden}': {NOISE_FILE}")
+    return str(golden / TRACE_DIR), band
 
 
 # --------------------------------------------------------------------------- DVC

@@ -255,16 +255,18 @@ def _ended(r: Any) -> str:
 def _golden(spec: CheckSpec, opts: ProbeOptions, cfg: AuditConfig, history: list[hist.Night],
             revision: str | None) -> dict[str, Any]:
     assert spec.golden is not None
-    if cfg.golden_remote and cfg.repo is not None:
+    fetched = bool(cfg.golden_remote and cfg.repo is not None)
+    if fetched:
         with _DVC_LOCK:
-            goldens.dvc_fetch(cfg.repo, spec.golden, cfg.golden_remote)
-    gtrace, band = goldens.load_golden(spec.golden)
+            goldens.dvc_fetch(cfg.repo, spec.golden, cfg.golden_remote)  # type: ignore[arg-type]
+    # a local golden was verified whole before the night began (_check_before); a pulled one is verified now
+    gtrace, band = goldens.load_golden(spec.golden, verify=fetched)
     (run,) = _probe(spec, _full(opts, spec), cfg.folder, 1)
     if not run.outcome:
         if run.outcome.status.is_evidence:  # crashed / nonfinite: the code no longer trains as the golden did
             return {"verdict": "diverged", "line": _ended(run), "traces": {"a": gtrace}}
         return {"verdict": "inconclusive", "line": _ended(run), "reason": _ended(run), "traces": {"a": gtrace}}
-    tier, comp, band = goldens.judge(spec.golden, run.trace_dir)
+    tier, comp, band = goldens.judge(spec.golden, run.trace_dir, verify=False)
     traces = {"a": gtrace, "b": run.trace_dir}
     envdiff = [str(e) for e in comp.env if not e.info]
     noise = _noise(band)
@@ -385,6 +387,29 @@ def _record_goldens(cfg: AuditConfig, opts: ProbeOptions, out: Path) -> list[Che
     return _in_order(calls, opts.jobs)
 
 
+def _check_before(cfg: AuditConfig, base: ProbeOptions, update_golden: bool) -> None:
+    """Everything that would refuse the night, checked before any file or probe (a ``UsageError``: exit 2).
+
+    Each check's probe options; the history (ours, adoptable, or a new path); with
+    ``update_golden`` that every golden path may be replaced (new, empty or a golden we
+    wrote), else that every golden on disk is sealed, its band plausible and its trace
+    whole (``verify_trace``: each file's SHA-256). Goldens pulled from ``golden_remote`` are
+    checked after the pull, inside their check.
+    """
+    for spec in cfg.checks:
+        _options(base, spec, cfg.folder)
+    hist.check_history(cfg.history_path)
+    seen: set[Path] = set()
+    for spec in cfg.checks:
+        if spec.golden is None or spec.golden in seen:
+            continue
+        seen.add(spec.golden)
+        if update_golden:
+            goldens.check_golden_target(spec.golden)
+        elif not cfg.golden_remote and spec.golden.exists():
+            goldens.load_golden(spec.golden, verify=True)
+
+
 def run_audit(cfg: AuditConfig, options: ProbeOptions | None = None, *, update_golden: bool = False,
               results_dir: Path | None = None) -> AuditResult:
     """Run every check of ``cfg`` (or, with ``update_golden``, record every golden) and keep the night.
@@ -392,9 +417,11 @@ def run_audit(cfg: AuditConfig, options: ProbeOptions | None = None, *, update_g
     ``options``: the executor settings (``executor``, ``jobs``, its config); each check sets
     its own steps, timeout, detail and tolerance. Traces are kept under ``results_dir``
     (default ``.bisect-audit/<night>/`` beside the config). The night is appended to the
-    history database in one transaction (not on ``update_golden``).
+    history database in one transaction, under a night id of its own (not on ``update_golden``).
+    What would refuse the night is a ``UsageError`` before any file is written (``_check_before``).
     """
     base = options or ProbeOptions()
+    _check_before(cfg, base, update_golden)
     t0 = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     stamp = started.replace(":", "").replace("+0000", "Z")
