@@ -50,6 +50,7 @@ code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word
 .tag{display:inline-block;padding:0 6px;border-radius:4px;font-size:12px;font-weight:600}
 .t-bitwise{background:#c8e6c9}.t-within-noise{background:#dcedc8}.t-diverged{background:#ffcdd2}.t-inconclusive{background:#ffe082}
 .plot svg{max-width:100%;height:auto}.muted{color:#666;font-size:12px}
+pre.resume{background:#f7f7f9;border:1px solid #ddd;border-radius:6px;padding:8px 10px;white-space:pre-wrap}
 """
 
 
@@ -110,6 +111,14 @@ def _zoom(view: View) -> str:
     return out
 
 
+def _outlined(g: Any, c: Any) -> str:
+    """The caption's words on the outlined cell (the first broken link), or why none is."""
+    if g.first is None or c is None or c.first is None:
+        return ""
+    i, _ = g.first
+    return f" Outlined in red: the first broken link, {c.first.kind} '{c.first.name}' in {g.label(i)}."
+
+
 def _view(view: View, n: int = 0) -> str:
     out = [f"<h2>{_e(view.title)}</h2>"]
     if view.problem:
@@ -121,7 +130,7 @@ def _view(view: View, n: int = 0) -> str:
     if s is not None:
         first = c.first.step if c is not None and c.first is not None else None
         out.append("<h3>Largest relative difference per stage, per step</h3>")
-        out.append(f"<div class='plot'>{plots.stage_plot(s, first_step=first, salt=f's{n}')}</div>")
+        out.append(f"<div class='plot' data-plot='stages'>{plots.stage_plot(s, first_step=first, salt=f's{n}')}</div>")
         said = (f"{s.records} record pair(s): {s.measured} measured from full tensors, {s.estimated} sized from stats "
                 f"(lower bounds), {s.unsized} differ without a size. Relative difference = max |a−b| / max |b|; "
                 "gaps are bit-identical steps.")
@@ -129,10 +138,11 @@ def _view(view: View, n: int = 0) -> str:
     g = view.grid
     if g is not None:
         out.append(f"<h3>Per-module differences at step {g.step}</h3>")
-        out.append(f"<div class='plot'>{plots.module_heatmap(g, salt=f'm{n}')}</div>")
+        out.append(f"<div class='plot' data-plot='modules'>{plots.module_heatmap(g, salt=f'm{n}')}</div>")
         hidden = f" {g.hidden} module(s) with smaller differences not shown." if g.hidden else ""
-        out.append("<p class='muted'>grey: bit-identical; blank: no record; hatched: bits differ, not sized."
-                   f"{_e(hidden)}</p>")
+        out.append("<p class='muted'>rows: modules in chain order, labelled path (class) where the trace records "
+                   "the class; grey: bit-identical; blank: no record; hatched: bits differ, not sized."
+                   f"{_e(_outlined(g, c))}{_e(hidden)}</p>")
     out.append(_zoom(view))
     if c is not None and c.next:
         out.append("<h3>Next divergences</h3><ul>" + "".join(
@@ -153,9 +163,8 @@ def _checks(page: Page) -> str:
             where += f" (rank {fd.get('rank')})"
         summary = _str(c.get("line") or c.get("reason"))
         noise = c.get("noise") if isinstance(c.get("noise"), dict) else None
-        if noise:
-            summary += (f" (noise band from {noise.get('tensors', '?')} tensor(s), max rel "
-                        f"{format_number(noise['max_rel']) if _number(noise.get('max_rel')) else '?'})")
+        if noise is not None and not _said(noise, summary):
+            summary += f" ({_noise(noise)})"
         rows.append((_e(c.get("name")), _e(c.get("check")), _tag(c.get("verdict")), _e(summary),
                      _e(where), _e(culprit.get("line") or culprit.get("commit") or ""),
                      _e(hist.get("failing_nights", "")), _e(hist.get("last_pass") or ""),
@@ -163,6 +172,32 @@ def _checks(page: Page) -> str:
     head = ("check", "kind", "verdict", "summary", "first divergence", "culprit commit", "failing nights", "last pass",
             "wall s")
     return "<h2>Checks</h2>" + _table(head, rows, raw=range(len(head)))
+
+
+def _noise(noise: dict[str, Any]) -> str:
+    """What a check's ``noise`` says, from the keys it holds: a golden's band (``tensors``,
+    ``max_rel``, ``runs``) or the tolerance a check agreed within; an absent figure reads
+    "not recorded", never a placeholder."""
+    if "tensors" in noise or "max_rel" in noise:
+        n = noise.get("tensors")
+        runs = noise.get("runs")
+        src = f"{n} tensor(s)" if _count(n) else "tensors not recorded"
+        src += f" of {runs} run(s)" if _count(runs) else ""
+        rel = format_number(noise["max_rel"]) if _number(noise.get("max_rel")) else "not recorded"
+        return f"noise band from {src}, max rel {rel}"
+    if noise.get("tolerance"):
+        return f"within tolerance: {_str(noise['tolerance'])}"
+    return "noise band not recorded"
+
+
+def _said(noise: dict[str, Any], summary: str) -> bool:
+    """Whether the check's line already says its noise (``agree within tolerance (default)``)."""
+    tol = noise.get("tolerance")
+    return "tensors" not in noise and "max_rel" not in noise and bool(tol) and f"({tol})" in summary
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _str(x: Any) -> str:
@@ -178,8 +213,43 @@ def _history(page: Page) -> str:
         return ""
     if not page.history:
         return "<h2>History</h2><p class='muted'>no earlier nights recorded</p>"
-    nights = len({str(h.get("started", "")) for h in page.history})
-    return (f"<h2>History ({nights} night(s))</h2><div class='plot'>{plots.history_plot(page.history)}</div>")
+    nights = len({plots.night_key(h) for h in page.history})
+    return (f"<h2>History ({nights} night(s))</h2>"
+            f"<div class='plot' data-plot='history'>{plots.history_plot(page.history)}</div>")
+
+
+def _resume_lines(c: dict[str, Any]) -> list[str]:
+    """A ``resume`` check's verdict as ``bisect resume`` says it, from what the audit document
+    holds: where and what differs (``first_divergence``; ``finding``'s why/also when the
+    document carries one), the note, and the three runs' traces by role."""
+    fd = c.get("first_divergence") if isinstance(c.get("first_divergence"), dict) else {}
+    found = c.get("finding") if isinstance(c.get("finding"), dict) else {}
+    lines = [_str(c.get("line") or c.get("reason")) or f"resume {_str(c.get('verdict'))}"]
+    if fd.get("step") is not None:
+        lines.append(f"resume differs at step {_str(fd.get('step'))}: {_str(fd.get('stage')) or 'component not recorded'}")
+        lines.append(f"  what:  {_str(found.get('what') or fd.get('tensor')) or 'not recorded'}")
+    if found.get("why"):
+        lines.append(f"  why:   {_str(found['why'])}")
+    if isinstance(found.get("also"), list) and found["also"]:
+        lines.append("  also:  " + "; ".join(map(_str, found["also"])))
+    if c.get("reason") and c.get("line"):
+        lines.append(f"  note:  {_str(c['reason'])}")
+    traces = c.get("traces") if isinstance(c.get("traces"), dict) else {}
+    lines.append("runs:" if traces else "runs: no trace kept")
+    lines += [f"  {_str(role):<13} {_str(path)}" for role, path in traces.items()]
+    return lines
+
+
+def _details(page: Page) -> str:
+    """A section per ``resume`` check that did not pass: its verdict's lines (its three runs
+    are not one pair of traces, so it has no plots)."""
+    out = []
+    for n, c in enumerate(page.checks):
+        if _str(c.get("check")) != "resume" or c.get("passed") is True:
+            continue
+        out.append(f"<h2 id='check-{n}'>check '{_e(c.get('name'))}' (resume): {_e(c.get('verdict'))}</h2>"
+                   f"<pre class='mono resume'>{_e(chr(10).join(_resume_lines(c)))}</pre>")
+    return "".join(out)
 
 
 def _probes(page: Page) -> str:
@@ -199,7 +269,7 @@ def render_page(page: Page) -> str:
         _verdict(page),
         f"<p class='muted'>source: <span class='mono'>{_e(page.source)}</span></p>",
         facts, notes, _env(page), _checks(page), _history(page),
-        "".join(_view(v, i) for i, v in enumerate(page.views)), _probes(page),
+        "".join(_view(v, i) for i, v in enumerate(page.views)), _details(page), _probes(page),
     ])
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='generator' content='{HTML_GENERATOR} {_e(__version__)}'>"

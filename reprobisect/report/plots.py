@@ -32,10 +32,15 @@ from reprobisect.errors import UsageError
 from reprobisect.render.safe import printable
 from reprobisect.report.stages import ModuleGrid, StageSeries
 
-__all__ = ["stage_plot", "module_heatmap", "history_plot", "downsample_max", "MAX_POINTS"]
+__all__ = ["stage_plot", "module_heatmap", "history_plot", "downsample_max", "night_key", "night_labels", "MAX_POINTS",
+           "FIRST_GID"]
 
 MAX_POINTS = 400
 """Points per plotted series at most (longer ones are binned by their maximum)."""
+FIRST_GID = "first-broken-link"
+"""The SVG id (``gid``) of the heatmap's outline around the first broken link."""
+_STYLES = ("-", "--", "-.", ":")
+_MARKERS = "os^vDPX*"
 _VERDICT_COLOURS = {"bitwise": "#2e7d32", "within-noise": "#9ccc65", "diverged": "#c62828",
                     "inconclusive": "#f9a825"}
 
@@ -112,12 +117,32 @@ def downsample_max(xs: Sequence[int], ys: Sequence[float], n: int = MAX_POINTS) 
     return out_x, out_y
 
 
+def _stage_style(i: int, marker: bool) -> dict[str, Any]:
+    """Stage ``i``'s line style: its own dash, marker and width, so lines that coincide stay
+    visible under one another (the first drawn widest)."""
+    return {"ls": _STYLES[i % len(_STYLES)], "marker": _MARKERS[i % len(_MARKERS)] if marker else None,
+            "lw": max(1.0, 2.6 - 0.3 * i), "ms": max(3.0, 6.5 - 0.6 * i), "mfc": "none"}
+
+
+def _integer_axis(axis: Any) -> None:
+    """Ticks on whole numbers only (steps and counts are integers: no 0.25, 0.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _outside_legend(ax: Any, **kw: Any) -> None:
+    """The legend right of the axes, never over the data."""
+    ax.legend(fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kw)
+
+
 @_quiet_glyphs
 def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str = "", salt: str = "stages") -> str:
     """Two panels over the steps: the largest relative difference per stage (log scale;
-    identical steps are gaps) and the number of records that differ per stage."""
+    identical steps are gaps) and the number of records that differ per stage. Each stage
+    has one colour, dash and marker in both panels; steps and counts tick on integers."""
     plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.6), sharex=True, gridspec_kw={"height_ratios": [3, 1.8]})
     cmap = plt.get_cmap("tab10")
     steps = list(series.steps)
     marker = len(steps) <= 30
@@ -125,12 +150,12 @@ def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str
     for i, stage in enumerate(series.stages):
         ys = [min(v, ceiling) if v > 0 else math.nan for v in series.rel[stage]]
         xs, ys = downsample_max(steps, ys)
-        colour = cmap(i % 10)
+        style = {"color": cmap(i % 10), **_stage_style(i, marker)}
         if any(not math.isnan(y) for y in ys):
-            top.plot(xs, ys, label=_label(stage), color=colour, lw=1.4, marker="o" if marker else None, ms=3)
+            top.plot(xs, ys, label=_label(stage), **style)
         cx, cy = downsample_max(steps, [float(c) for c in series.differ[stage]])
         if any(cy):
-            bottom.step(cx, cy, where="post", color=colour, lw=1.2)
+            bottom.step(cx, cy, where="post", label=_label(stage), **style)
     top.set_yscale("log")
     top.set_ylabel("max |a−b| / max |b|")
     if first_step is not None:
@@ -139,22 +164,38 @@ def stage_plot(series: StageSeries, *, first_step: int | None = None, title: str
         top.annotate(f"first divergence (step {first_step})", xy=(first_step, 1), xycoords=("data", "axes fraction"),
                      xytext=(4, -12), textcoords="offset points", fontsize=8, color="#333")
     if top.get_legend_handles_labels()[0]:
-        top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        _outside_legend(top, title="largest difference")
     else:
         top.text(0.5, 0.5, "every stage bit-identical at every step", ha="center", va="center", transform=top.transAxes)
+    if bottom.get_legend_handles_labels()[0]:
+        _outside_legend(bottom, title="records differing")
     top.grid(True, which="major", alpha=0.3)
     bottom.set_ylabel("records differing", fontsize=8)
     bottom.set_xlabel("step")
     bottom.grid(True, alpha=0.3)
+    _integer_axis(bottom.xaxis)  # shared with the top panel
+    _integer_axis(bottom.yaxis)
     if title:
         top.set_title(_label(title), fontsize=10)
     return _svg(fig, salt)
 
 
+def _row_label(label: str, width: int = 48) -> str:
+    """A heatmap row label at most ``width`` characters: a long path loses its start, never its ``(Class)``."""
+    text = _label(label)
+    if len(text) <= width:
+        return text
+    head, sep, cls = text.rpartition(" (")
+    path, tail = (head, sep + cls) if sep and text.endswith(")") else (text, "")
+    keep = max(8, width - 1 - len(tail))
+    return "…" + path[-keep:] + tail
+
+
 @_quiet_glyphs
 def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     """Modules × stages at one step, colour = log10 of the relative difference (viridis:
-    no colour of the scale is near the white of an empty cell); identical cells light grey, cells without a record blank, differing-but-unsized cells hatched."""
+    no colour of the scale is near the white of an empty cell); identical cells light grey, cells without a record blank, differing-but-unsized cells hatched.
+    Rows in chain order, labelled ``path (Class)``; the first broken link outlined in red (SVG id ``FIRST_GID``)."""
     import numpy as np
 
     plt = _pyplot()
@@ -171,7 +212,7 @@ def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
             elif not math.isnan(v):
                 data[i, j] = math.log10(min(v, 1e3))
     fig, ax = plt.subplots(figsize=(1.6 + 1.1 * cols, 1.0 + 0.26 * rows))
-    ax.imshow(np.where(same, 1.0, np.nan), cmap="Greys", vmin=0, vmax=10, aspect="auto", interpolation="nearest")
+    ax.imshow(np.where(same, 1.0, np.nan), cmap="Greys", vmin=0, vmax=6, aspect="auto", interpolation="nearest")
     finite = data[~np.isnan(data)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (-8.0, 0.0)
     if hi - lo < 1:
@@ -179,9 +220,13 @@ def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     im = ax.imshow(data, cmap="viridis", vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
     for i, j in unsized:
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#c62828", lw=0.6))
+    if grid.first is not None:
+        i, j = grid.first
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#d50000", lw=2.4, zorder=5,
+                                   gid=FIRST_GID))
     ax.set_xticks(range(cols), [_label(s) for s in grid.stages], fontsize=8, rotation=30, ha="right")
-    labels = [_label(m) for m in grid.modules]
-    ax.set_yticks(range(rows), [m if len(m) <= 40 else "…" + m[-39:] for m in labels], fontsize=8)
+    ax.set_yticks(range(rows), [_row_label(grid.label(i)) for i in range(rows)], fontsize=8)
+    ax.set_ylabel("module (class), in chain order", fontsize=8)
     ax.set_title(f"step {grid.step}: log10 relative difference per module and stage", fontsize=10)
     cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
     cb.set_label("log10(max |a−b| / max |b|)", fontsize=8)
@@ -189,25 +234,68 @@ def module_heatmap(grid: ModuleGrid, *, salt: str = "modules") -> str:
     return _svg(fig, salt)
 
 
+def night_key(h: dict[str, Any]) -> str:
+    """Which night a history row belongs to: its ``night_id`` when the document has one (two
+    audits started in the same second are two nights), else its ``started`` time."""
+    nid = h.get("night_id")
+    return f"id:{nid}" if isinstance(nid, str) and nid else f"at:{h.get('started') or ''}"
+
+
+def _night_start(history: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """night key -> its ``started`` text (the first row's)."""
+    out: dict[str, str] = {}
+    for h in history:
+        out.setdefault(night_key(h), str(h.get("started") or ""))
+    return out
+
+
+def night_labels(history: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The nights of ``history`` in time order and a label each: date and time to the minute
+    (``2026-12-06 14:30``), to the second where two share a minute, then the night id where
+    two share even that; a night with no time is ``(no time)``."""
+    start = _night_start(history)
+    keys = sorted(start, key=lambda k: (start[k], k))
+
+    def at(k: str, n: int) -> str:
+        t = start[k].replace("T", " ")
+        return t[:n] if t else "(no time)"
+
+    labels = [at(k, 16) for k in keys]
+    for extend in (lambda k, lab: at(k, 19), lambda k, lab: f"{lab} #{k.split(':', 1)[1][:8]}"):
+        seen: dict[str, int] = {}
+        for lab in labels:
+            seen[lab] = seen.get(lab, 0) + 1
+        labels = [extend(k, lab) if seen[lab] > 1 else lab for k, lab in zip(keys, labels)]
+    return keys, labels
+
+
+def _check_name(h: dict[str, Any]) -> str:
+    c = h.get("check")
+    return "(no name)" if c is None or c == "" else str(c)
+
+
 @_quiet_glyphs
 def history_plot(history: Sequence[dict[str, Any]], *, max_nights: int = 60, salt: str = "history") -> str:
-    """The audit history: per check, the verdict of each night (top) and its wall time (bottom)."""
+    """The audit history: per check, the verdict of each night (top) and its wall time (bottom).
+    Nights are told apart by ``night_id`` (``night_key``) and labelled to the minute
+    (``night_labels``); the legends sit outside the axes, never over a point."""
     import numpy as np
 
     plt = _pyplot()
     from matplotlib.colors import ListedColormap
 
-    nights = sorted({str(h.get("started", "")) for h in history})[-max_nights:]
-    checks = list(dict.fromkeys(str(h.get("check", "?")) for h in history))[:30]
-    col = {n: i for i, n in enumerate(nights)}
+    keys, names = night_labels(history)
+    keys, names = keys[-max_nights:], names[-max_nights:]
+    checks = list(dict.fromkeys(_check_name(h) for h in history))[:30]
+    col = {n: i for i, n in enumerate(keys)}
     row = {c: i for i, c in enumerate(checks)}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 1.6 + 0.3 * len(checks) + 2.2), sharex=True,
                                       gridspec_kw={"height_ratios": [max(1.0, 0.3 * len(checks)), 2.2]})
     kinds = list(_VERDICT_COLOURS)
-    strip = np.full((len(checks), len(nights)), np.nan)
+    strip = np.full((len(checks), len(keys)), np.nan)
     walls: dict[str, list[tuple[int, float]]] = {c: [] for c in checks}
     for h in history:
-        n, c = str(h.get("started", "")), str(h.get("check", "?"))
+        n, c = night_key(h), _check_name(h)
         if n not in col or c not in row:
             continue
         v = str(h.get("verdict"))
@@ -219,18 +307,17 @@ def history_plot(history: Sequence[dict[str, Any]], *, max_nights: int = 60, sal
     top.imshow(strip, cmap=cmap, vmin=-0.5, vmax=len(kinds) + 0.5, aspect="auto", interpolation="nearest")
     top.set_yticks(range(len(checks)), [_label(c) for c in checks], fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in _VERDICT_COLOURS.values()]
-    top.legend(handles, list(_VERDICT_COLOURS), fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.0),
-               frameon=False)
-    for c, pts in walls.items():
+    _outside_legend(top, handles=handles, labels=list(_VERDICT_COLOURS), title="verdict")
+    for i, (c, pts) in enumerate(walls.items()):
         if pts:
             pts.sort()
-            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.3, label=_label(c),
-                        marker="o" if len(nights) <= 30 else None, ms=3)
+            bottom.plot([p[0] for p in pts], [p[1] for p in pts], label=_label(c),
+                        **_stage_style(i, len(keys) <= 30))
     bottom.set_ylabel("wall time (s)", fontsize=8)
     bottom.grid(True, alpha=0.3)
-    step = max(1, len(nights) // 10)
-    bottom.set_xticks(range(0, len(nights), step), [_label(nights[i][:10]) for i in range(0, len(nights), step)],
+    step = max(1, len(keys) // 10)
+    bottom.set_xticks(range(0, len(keys), step), [_label(names[i]) for i in range(0, len(keys), step)],
                       fontsize=7, rotation=30, ha="right")
-    if len(checks) > 1 and any(walls.values()):
-        bottom.legend(fontsize=7, ncol=4, frameon=False)
+    if any(walls.values()):
+        _outside_legend(bottom, title="check")
     return _svg(fig, salt)

@@ -42,7 +42,8 @@ from reprobisect.trace.jsonsafe import loads_bounded
 from reprobisect.trace.outdir import is_trace_dir
 from reprobisect.trace.reader import Trace, read_trace
 
-__all__ = ["ACCEPTED", "AUDIT_KIND", "AUDIT_VERSIONS", "COMPARE_VERSIONS", "load_page", "trace_view"]
+__all__ = ["ACCEPTED", "AUDIT_KIND", "AUDIT_VERSIONS", "COMPARE_VERSIONS", "load_page", "pick_session", "session_logs",
+           "trace_view"]
 
 ACCEPTED = ("two trace folders (A B), a folder holding two traces, a 'bisect compare --json' file, "
             "a 'bisect runs' session log (sessions/ID.jsonl, or the folder holding sessions/), "
@@ -134,12 +135,35 @@ def _doc_tolerance(doc: Mapping[str, Any]) -> Tolerance | None:
         return None
 
 
+def session_logs(folder: str | Path) -> list[Path]:
+    """The session logs of a folder holding ``sessions/`` (``.git/reprobisect``), oldest first;
+    empty when it holds none."""
+    found = Path(folder) / "sessions"
+    return sorted(found.glob("*.jsonl"), key=lambda f: (f.stat().st_mtime, f.name)) if found.is_dir() else []
+
+
+def pick_session(folder: str | Path, session: str | None = None) -> Path:
+    """The session log of ``folder`` that ``session`` names (its ID, or a prefix only one ID
+    has), else the newest; a ``UsageError`` listing the IDs when none or several match."""
+    p = Path(folder)
+    logs = session_logs(p)
+    if not logs:
+        raise _bad(p, "its sessions/ folder holds no session log" if (p / "sessions").is_dir()
+                   else "not a folder holding sessions/ (give --session only with .git/reprobisect or its like)")
+    if session is None:
+        return logs[-1]
+    hits = [f for f in logs if f.stem == session] or [f for f in logs if f.stem.startswith(session)]
+    if len(hits) != 1:
+        ids = ", ".join(f.stem for f in reversed(logs[-10:]))
+        how = "no session matches" if not hits else f"{len(hits)} sessions match"
+        raise UsageError(f"--session {session}: {how} in {p / 'sessions'} (newest first: {ids}); "
+                         "give one of these IDs")
+    return hits[0]
+
+
 def _folder_page(p: Path, tolerance: Tolerance | None) -> Page:
     if (p / "sessions").is_dir():
-        logs = sorted((p / "sessions").glob("*.jsonl"), key=lambda f: f.stat().st_mtime)
-        if not logs:
-            raise _bad(p, "its sessions/ folder holds no session log")
-        return runs_page(_session_log(logs[-1]), tolerance)
+        return runs_page(_session_log(pick_session(p)), tolerance)
     if is_trace_dir(p) or ranks.is_multi_rank(p):
         raise _bad(p, "one trace; give the second one too (bisect report A B --html out.html)")
     traces = sorted(c for c in p.iterdir() if c.is_dir() and (is_trace_dir(c) or ranks.is_multi_rank(c)))
@@ -173,7 +197,9 @@ def trace_view(title: str, a: str, b: str, tolerance: Tolerance | None, *, zoom:
             else min(set(ta) & set(tb), default=min(ta))
     series, grid = (None, None)
     if rank in ta and rank in tb:
-        series, grid = stage_differences(ta[rank], tb[rank], focus_step=comp.first.step if comp.first else None)
+        first = (comp.first.kind, comp.first.name) if comp.first is not None else None
+        series, grid = stage_differences(ta[rank], tb[rank], focus_step=comp.first.step if comp.first else None,
+                                         first=first)
     zoom = zoom if isinstance(zoom, dict) else None
     return View(title, comp, series, grid, zoom, _zoom_ops(zoom) if zoom else ())
 

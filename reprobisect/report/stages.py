@@ -81,12 +81,24 @@ class ModuleGrid:
 
     step: int
     modules: tuple[str, ...]
+    """Module paths (``module_of``) in chain order: where each one's first record appears in the
+    step (``init`` records, which open step 0 in parameter-registration order, only for a module
+    with no other record)."""
     stages: tuple[str, ...]
     values: tuple[tuple[float | None, ...], ...]
     """Row per module: per stage the figure (0.0 identical), NaN where the module has no
     record of that stage, None where bits differ but nothing sized it."""
     hidden: int = 0
     """Modules left out (only the ``MAX_MODULES`` with the largest differences are kept)."""
+    labels: tuple[str, ...] = ()
+    """Row labels, one per module: ``path (Class)`` where a record of the module names its class
+    (``Record.module``), the path alone where none does (empty: the module paths are the labels)."""
+    first: tuple[int, int] | None = None
+    """(row, column) of the first broken link the comparison named, when it is in the grid."""
+
+    def label(self, i: int) -> str:
+        """Row ``i``'s label (its module path when no labels were given)."""
+        return self.labels[i] if i < len(self.labels) else self.modules[i]
 
 
 def module_of(rec: Record) -> str:
@@ -177,10 +189,12 @@ def _pairs(a: Trace, b: Trace, step: int) -> Iterable[tuple[Record, Record]]:
             yield ra, rb
 
 
-def stage_differences(a: Trace, b: Trace, *, focus_step: int | None = None,
+def stage_differences(a: Trace, b: Trace, *, focus_step: int | None = None, first: tuple[str, str] | None = None,
                       byte_budget: int = DEFAULT_BYTE_BUDGET) -> tuple[StageSeries, ModuleGrid | None]:
     """The per-step stage series of ``a`` against ``b`` and the module grid at ``focus_step``
-    (None: the first step where any record differs; no grid when none does)."""
+    (None: the first step where any record differs; no grid when none does). ``first``: the
+    ``(kind, name)`` of the first broken link the comparison named at ``focus_step``, whose
+    cell the grid marks (``ModuleGrid.first``)."""
     walker = _Walker(a, b, byte_budget)
     by_a = {s.step for s in a.steps}
     steps = tuple(s.step for s in b.steps if s.step in by_a)
@@ -206,15 +220,38 @@ def stage_differences(a: Trace, b: Trace, *, focus_step: int | None = None,
             if walker.over_budget else "")
     series = StageSeries(steps, stages, {k: tuple(v) for k, v in rel.items()}, {k: tuple(v) for k, v in differ.items()},
                          n, walker.measured, walker.estimated, walker.unsized, note)
-    grid = _grid(focus_step, per_step.get(focus_step, []), a) if focus_step is not None else None
+    grid = _grid(focus_step, per_step.get(focus_step, []), a, first) if focus_step is not None else None
     return series, grid
 
 
-def _grid(step: int, gaps: list[RecordGap], a: Trace) -> ModuleGrid | None:
-    """Modules × stages at ``step`` from the gaps of that step's records."""
+def _chain_position(recs: list[Record]) -> dict[str, int]:
+    """Each module's place in the step's chain: where its first record appears, ``init``
+    records counting only for a module with no other (at step 0 they come first, in the
+    order parameters were registered, not the order the forward runs the modules)."""
+    pos: dict[str, int] = {}
+    late: dict[str, int] = {}
+    for i, r in enumerate(recs):
+        seen = late if r.kind == "init" else pos
+        seen.setdefault(module_of(r), len(recs) + i if r.kind == "init" else i)
+    return {**late, **pos}
+
+
+def _classes(recs: list[Record]) -> dict[str, str]:
+    """module path -> the class name a record of it holds (``Record.module``), when one does."""
+    out: dict[str, str] = {}
+    for r in recs:
+        m = module_of(r)
+        if r.module and not m.startswith("(") and m not in out:
+            out[m] = r.module
+    return out
+
+
+def _grid(step: int, gaps: list[RecordGap], a: Trace, first: tuple[str, str] | None = None) -> ModuleGrid | None:
+    """Modules × stages at ``step`` from the gaps of that step's records, modules in chain order."""
     if not gaps:
         return None
-    recs = {r.key: r for r in (a.step(step).records if a.step(step) is not None else ())}
+    in_step = list(a.step(step).records) if a.step(step) is not None else []
+    recs = {r.key: r for r in in_step}
     cells: dict[str, dict[str, float | None]] = {}
     for g in gaps:
         rec = recs.get((g.kind, g.name))
@@ -226,7 +263,8 @@ def _grid(step: int, gaps: list[RecordGap], a: Trace) -> ModuleGrid | None:
         else:
             row[g.kind] = g.rel if old is None or old == 0.0 else max(old, g.rel)
     stages = tuple(k for k in KINDS if any(k in row for row in cells.values()))
-    order = list(cells)  # chain order of first appearance
+    pos = _chain_position(in_step)
+    order = sorted(cells, key=lambda m: pos.get(m, len(in_step) * 2))  # stable: unknown ones as first seen
 
     def worst(m: str) -> float:
         vals = [math.inf if v is None else v for v in cells[m].values()]
@@ -235,4 +273,16 @@ def _grid(step: int, gaps: list[RecordGap], a: Trace) -> ModuleGrid | None:
     keep = set(sorted(order, key=worst, reverse=True)[:MAX_MODULES])
     modules = tuple(m for m in order if m in keep)
     values = tuple(tuple(cells[m].get(s, math.nan) for s in stages) for m in modules)
-    return ModuleGrid(step, modules, stages, values, hidden=len(order) - len(modules))
+    cls = _classes(in_step)
+    labels = tuple(f"{m} ({cls[m]})" if m in cls else m for m in modules)
+    return ModuleGrid(step, modules, stages, values, hidden=len(order) - len(modules), labels=labels,
+                      first=_first_cell(first, recs, modules, stages))
+
+
+def _first_cell(first: tuple[str, str] | None, recs: dict[tuple[str, str], Record], modules: tuple[str, ...],
+                stages: tuple[str, ...]) -> tuple[int, int] | None:
+    """The grid cell of the first broken link ``(kind, name)``, when its record is in the grid."""
+    rec = recs.get(first) if first is not None else None
+    if rec is None or rec.kind not in stages or module_of(rec) not in modules:
+        return None
+    return modules.index(module_of(rec)), stages.index(rec.kind)
