@@ -421,11 +421,13 @@ def begin_many(ts, with_stats=True):
     return orig_many(ts, with_stats)
 ft.begin, ft.begin_many = begin, begin_many
 import reprobisect.runners.torch as rt  # (a small CPU gradient's hook fingerprints nothing: it reads its version)
+import reprobisect.runners.torch_chain as rc
+import reprobisect.runners.observers.torch_gradients as rg
 orig_version = rt._version
 def version(t):
     fail_inside()
     return orig_version(t)
-rt._version = version
+rt._version = rc._version = rg._version = version  # where the step chain and the gradient hook read it
 
 torch.manual_seed(0)
 m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))

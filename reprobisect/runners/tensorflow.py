@@ -77,67 +77,43 @@ Replay (``--replay-from``, ``runners.replay_tf``): steps before ``record_from`` 
 Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
 eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
 function or the script's own).
+
+How it is built: a step chain plus observers, as the torch recorder. ``TFRecorder`` owns the
+step (its buffer, graph taps, chain order, the end of a step, the policy and the record
+budget); each observation is an observer of its own (``runners.observers.tf_*``: batches,
+evaluation, layers, the optimizer step, Keras' ``fit``), sharing the framework-free core
+(``runners.chain``: names, loss scalars, the evaluation summary) with the torch recorder.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import sys
 import traceback
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import iterator_ops
-from tensorflow.python.eager import backprop, context, record as tape_record
+from tensorflow.python.eager import backprop, context
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import control_flow_util
 
-from reprobisect.errors import UsageError
 from reprobisect.runners import fingerprint_tf as fptf
-from reprobisect.trace import record_array
-from reprobisect.trace.fingerprint import dtype_name
+from reprobisect.runners.chain import first_nonfinite, flatten, json_float, loss_scalars, observer_classes, unique
+from reprobisect.runners.observers.tf_common import _Apply, _in_xla, _Item, _tensors
+from reprobisect.runners.observers.tf_keras import install_keras
 from reprobisect.runners.policy import RecordPolicy, StopRun
+from reprobisect.trace.fingerprint import dtype_name
 from reprobisect.trace.format import KINDS, SENTINEL_KINDS, Record
 
 __all__ = ["RecordPolicy", "StopRun", "TFRecorder", "current", "install_keras"]
 
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
-_MAX_ID_BYTES = 256 << 20  # the rows of a batch source indexed by content up to this size
-_ROW_KEEPING = {f"{n}Dataset" for n in ("Batch", "Shuffle", "Prefetch", "Repeat", "Take", "Skip", "Cache", "Options",
-                                        "ParallelBatch")}  # tf.data steps that keep rows as they are
-_XLA_LAYERS = "not recorded: XLA (jit_compile=True)"
-_EVAL_OUTPUTS = 16  # outputs fingerprinted per evaluation run (as the torch recorder)
-_GRAPH_LAYERS = "not recorded: graph mode (run_eagerly=False); the model's input and output are"
-
-
-@dataclass
-class _Item:
-    rec: Record
-    seq: int
-    array: np.ndarray | None = None
-
-
-@dataclass
-class _Apply:
-    """What the optimizer's ``apply`` was given (before the update)."""
-
-    opt: Any
-    variables: list[Any]
-    names: list[str]
-    none_names: list[str]
-    lr: Any
-    graph: bool
-    gnorm: Any = None  # sentinel detail: the gradients' total norm (no per-gradient records)
-
+_HOOKS = ("step_scalars",)
 
 _CURRENT: "TFRecorder | None" = None
-_XLA_CALLBACK: Any = None  # the Keras callback class of an XLA fit (made when Keras is wrapped)
 
 
 def current() -> "TFRecorder | None":
@@ -145,54 +121,11 @@ def current() -> "TFRecorder | None":
     return _CURRENT
 
 
-def _var_name(v: Any) -> str:
-    path = getattr(v, "path", None)
-    if isinstance(path, str) and path:
-        return path
-    name = str(getattr(v, "name", "variable"))
-    return name[:-2] if name.endswith(":0") else name
+def _observers() -> None:
+    """Import the TensorFlow observers (each registers itself, with its rank)."""
+    from reprobisect.runners.observers import (tf_batches, tf_evaluation, tf_keras, tf_layers,  # noqa: F401
+                                               tf_optimizer)
 
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype != tf.string and x.dtype != tf.resource \
-        and x.dtype != tf.variant
-
-
-def _tensors(obj: Any) -> list[Any]:
-    try:
-        flat = tf.nest.flatten(obj)
-    except Exception:
-        return []
-    return [t for t in flat if _is_tensor(t)]
-
-
-def _in_xla() -> bool:
-    try:
-        return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
-    except Exception:
-        return False
-
-
-def _json_float(x: float) -> float | str:
-    if math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
-
-def _fit_position(x: Any, args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """What only ``fit``'s arguments tell of the data position (steps per epoch, shuffle) for
-    ``tf_state.capture_state``; None when ``x`` has no length (a dataset, a generator)."""
-    n = kwargs.get("steps_per_epoch")
-    if n is None:
-        try:
-            rows = len(x)
-        except TypeError:
-            return None
-        rows = int(int(rows) * (1.0 - float(kwargs.get("validation_split") or 0.0)))  # Keras' split point
-        batch = kwargs.get("batch_size", args[2] if len(args) > 2 else None) or 32  # Keras' default batch size
-        n = -(-int(rows) // int(batch))
-    return {"steps_per_epoch": int(n), "shuffle": bool(kwargs.get("shuffle", True))}
 
 class TFRecorder:
     """Records steps of a Keras ``fit`` or a ``tf.GradientTape`` loop into a ``TraceWriter``.
@@ -220,25 +153,18 @@ class TFRecorder:
         self.optimizer_ref: "weakref.ref | None" = None
         self._undo: list[Callable[[], None]] = []
         self._keras = False
-        self._stack: list[tuple[Any, bool]] = []
-        self._apply_depth = 0
         self._stop_raised = False
         self._disk = 0  # bytes of full tensors kept so far (policy.max_disk)
         self._in_fit = 0  # inside model.fit: its batches come from train_step, not next()
-        self._pending: list[tuple[Any, Any]] = []  # batches drawn by a custom loop, not yet used
-        self._loop_index: dict[int, tuple[Any, Any]] = {}
         self._applied = 0  # steps an optimizer's apply ended since the last manual_step
         self._graph_state: dict[int, dict[str, Any]] = {}  # per FuncGraph: names, taps, seq
-        self._none_seen: set[str] = set()
         self._modes: set[str] = set()
         self.record_from = 0  # a replay (runners.replay_tf): steps before it run quiet, unwritten
         self._phase: str | None = None  # inside Keras evaluate/predict: "validation", "evaluate", "predict"
-        self._eval_runs: list[dict[str, Any]] = []  # evaluation since the last step ended (scalars["eval"])
-        self._eval_cur: dict[str, Any] | None = None
-        self._eval_index: tuple[Any, "_RowIndex | None"] = (None, None)  # (x of evaluate/predict, its row index)
+        _observers()
+        self.observers = {e.name: e.cls(self) for e in observer_classes("tensorflow")}
+        self._on = {hook: flatten(list(self.observers.values()), hook) for hook in _HOOKS}
         self._reset_step()
-
-    # -- buffer ------------------------------------------------------------------------------
 
     def _reset_step(self) -> None:
         self._items: list[_Item] = []
@@ -255,9 +181,7 @@ class TFRecorder:
         return not self.done and self.failed is None
 
     def _unique(self, occ: dict[tuple[str, str], int], kind: str, base: str) -> str:
-        k = occ.get((kind, base), 0)
-        occ[(kind, base)] = k + 1
-        return base if k == 0 else f"{base}#{k}"
+        return unique(occ, kind, base)
 
     def _keep(self, step: int | None = None) -> bool:
         return (self.step if step is None else step) in self.policy.full_steps
@@ -286,14 +210,6 @@ class TFRecorder:
             seq = self._seq
             self._seq += 1
         self._items.append(_Item(rec, seq, a if self._keep() else None))
-        return fp
-
-    def _cached_fp(self, t: Any) -> str:
-        hit = self._fp_cache.get(id(t))
-        if hit is not None and hit[0] is t:
-            return hit[1]
-        fp, _, _ = self._fp(t)
-        self._fp_cache[id(t)] = (t, fp)
         return fp
 
     # -- graph taps ----------------------------------------------------------------------------
@@ -387,7 +303,7 @@ class TFRecorder:
             def wrapped(it: Any) -> Any:
                 out = orig(it)
                 if rec.active and tf.executing_eagerly():
-                    rec.guarded("batch", rec.loop_batch, it, out)
+                    rec.guarded("batch", rec.observers["batches"].loop_batch, it, out)
                 return out
             return wrapped
 
@@ -441,151 +357,36 @@ class TFRecorder:
             self._stop_raised = True
             raise self.stop
 
-    # -- layers ------------------------------------------------------------------------------
+    # -- failures --------------------------------------------------------------------------------
 
-    def layer_call(self, orig: Callable, layer: Any, args: tuple, kwargs: dict) -> Any:
-        if not self.active:
-            return orig(layer, *args, **kwargs)
-        self.raise_if_stopped()
-        top = not self._stack
-        training = tape_record.could_possibly_record() if top else self._stack[-1][1]
-        if top and tf.executing_eagerly() and self._pending and not training:
-            self._pending.clear()  # drawn for an evaluation forward
-        if not training:
-            self._stack.append((layer, False))
-            try:
-                out = orig(layer, *args, **kwargs)
-            finally:
-                self._stack.pop()
-            if top:  # evaluation (validation, evaluate, predict, a forward with no tape): summarised
-                self.guarded("eval", self._eval_forward, _tensors(out))
-            return out
-        name = ".".join([str(lay.name) for lay, _ in self._stack[1:]] + [str(layer.name)])
-        eager = tf.executing_eagerly()
-        ins: list[Any] = _tensors((args, kwargs)) if (top or eager) else []
-        if top:
-            self._root(layer, eager)
-            if eager and self._pending:
-                self.guarded("batch", self.claim_batches)
-            self.guarded("input", self._tap, "input", "input", ins)
-        self._stack.append((layer, True))
+    def _internal_error(self, where: str, e: BaseException) -> StopRun:
+        if self.failed is None:
+            self.failed = f"{where}: {type(e).__name__}: {e}"
+            detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
+                      "not your program's: this probe is no evidence either way")
+            self.notes.append(detail)
+            print(f"reprobisect: {detail}", file=sys.stderr)
+            self.done = True
+            self.stop = StopRun("recorder_error", self.step, detail, traceback.format_exc())
+        assert self.stop is not None
+        return self.stop
+
+    def guarded(self, where: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(...)``; its failure is the recorder's own: noted, the run stopped as ``infra``
+        at the next safe point (never raised here: this may run inside a ``tf.py_function``)."""
         try:
-            out = orig(layer, *args, **kwargs)
-        finally:
-            self._stack.pop()
-        outs = _tensors(out)
-        if top:
-            self.guarded("output", self._tap, "output", "output", outs, module=type(layer).__name__)
-        elif eager:
-            self.guarded("activation", self._activation, name, layer, ins, outs)
-        return out
+            return fn(*args, **kwargs)
+        except Exception as e:  # StopRun / KeyboardInterrupt are BaseExceptions: they pass
+            self._internal_error(where, e)
+            return None
 
-    def _root(self, layer: Any, eager: bool) -> None:
-        if self.model_ref is None or self.model_ref() is None:
-            self.model_ref = weakref.ref(layer)
-        mode = "eager" if eager else ("xla" if _in_xla() else "graph")
-        self._modes.add(mode)
-        self.info["mode"] = "+".join(sorted(self._modes))
-        if mode == "xla":
-            self.info["layer_outputs"] = _XLA_LAYERS
-        elif not eager:
-            self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
-        elif "layer_outputs" not in self.info:
-            self.info["layer_outputs"] = "recorded (eager)"
-
-    def _activation(self, name: str, layer: Any, ins: list[Any], outs: list[Any]) -> None:
-        if self.policy.sentinel or not outs:
-            return
-        call = self._unique(self._occ, "activation", name)
-        inputs = tuple(self._cached_fp(t) for t in ins)
-        cls = type(layer).__name__
-        for i, t in enumerate(outs):
-            self._add_now("activation", call if len(outs) == 1 else f"{call}[{i}]", t, module=cls, inputs=inputs)
-
-    # -- optimizer -------------------------------------------------------------------------------
-
-    def optimizer_apply(self, orig: Callable, opt: Any, grads: Any, variables: Any) -> Any:
-        if not self.active or self._apply_depth:
-            return orig(opt, grads, variables)
-        self.raise_if_stopped()
-        self._apply_depth += 1
-        try:
-            grads = list(grads)
-            variables = list(variables) if variables is not None else None
-            pre = self.guarded("apply", self._before_apply, opt, grads, variables)
-            out = orig(opt, grads, variables)
-            if pre is not None and self.active:
-                self.guarded("apply", self._after_apply, pre)
-        finally:
-            self._apply_depth -= 1
-        self.raise_if_stopped()
-        return out
-
-    def _before_apply(self, opt: Any, grads: list[Any], variables: list[Any] | None) -> _Apply:
-        if variables is None:
-            variables = list(getattr(opt, "_trainable_variables", []) or [])
-        self.optimizer_ref = weakref.ref(opt)
-        names: list[str] = []
-        occ: dict[tuple[str, str], int] = {}
-        for v in variables:
-            names.append(self._unique(occ, "param", _var_name(v)))
-        none_names = [n for n, g in zip(names, grads) if g is None]
-        if none_names:
-            self._warn_none(none_names, len(none_names) == len(names))
-        try:
-            lr = tf.convert_to_tensor(opt.learning_rate)
-        except Exception:
-            lr = None
-        graph = not tf.executing_eagerly()
-        pre = _Apply(opt, variables, names, none_names, lr, graph)
-        if self.step == 0 or graph:
-            self._tap("init", names, [_read(v) for v in variables], step0=True, named=True)
-        have = [(n, g) for n, g in zip(names, grads) if g is not None]
-        self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
-        if self.policy.sentinel and have:
-            pre.gnorm = _total_norm([_dense(g) for _, g in have])
-        return pre
-
-    def _warn_none(self, names: list[str], all_none: bool) -> None:
-        new = [n for n in names if n not in self._none_seen]
-        self._none_seen.update(names)
-        self.info["none_gradients"] = {"variables": sorted(self._none_seen),
-                                       "first_step": self.info.get("none_gradients", {}).get("first_step", self.step)}
-        if new:
-            what = "no variable had a gradient" if all_none else f"{len(names)} variable(s) had no gradient"
-            print(f"reprobisect: warning: {what} (None) at step {self.step}: {', '.join(names)} "
-                  "(used outside the tape, a NumPy round trip, or an unused branch?); recorded in the trace",
-                  file=sys.stderr)
-
-    def _after_apply(self, pre: _Apply) -> None:
-        opt_vars = [v for v in getattr(pre.opt, "variables", [])]
-        opt_names: list[str] = []
-        occ: dict[tuple[str, str], int] = {}
-        for v in opt_vars:
-            opt_names.append(self._unique(occ, "optim_state", _var_name(v)))
-        if not pre.graph:
-            self._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr,
-                           pre.gnorm)
-            return
-        if _in_xla():
-            self.info.setdefault("xla", "inside an XLA-compiled function (jit_compile=True) the step is not recorded; "
-                                        "run it without jit_compile to record it")
-            return
-        gs = self._gstate()
-        params = [_read(v) for v in pre.variables]
-        ostate = [_read(v) for v in opt_vars] if not self.policy.sentinel else []
-        scalars = [x for x in (pre.lr, pre.gnorm) if x is not None]
-        n_p, n_o = len(params), len(ostate)
-
-        def at_run(*values: Any) -> None:
-            rest = iter(values[n_p + n_o:])
-            lr = next(rest) if pre.lr is not None else None
-            gnorm = next(rest) if pre.gnorm is not None else None
-            self.guarded("step", self._end_step, pre, list(values[:n_p]), opt_names if ostate else [],
-                         list(values[n_p:n_p + n_o]), lr, gnorm)
-
-        taps, gs["taps"] = gs["taps"], []
-        self._py(at_run, params + ostate + scalars, deps=taps)
+    def raise_if_stopped(self) -> None:
+        """Raise the recorder's ``StopRun`` at a safe point (eager Python, never inside a graph
+        or a ``tf.py_function``); once, like the torch recorder: a program that swallows it
+        runs on unrecorded."""
+        if self.stop is not None and self.stop_at_limit and not self._stop_raised and tf.executing_eagerly():
+            self._stop_raised = True
+            raise self.stop
 
     # -- the end of a step -------------------------------------------------------------------------
 
@@ -593,8 +394,9 @@ class TFRecorder:
                   gnorm: Any = None) -> None:
         if not self.active:
             return
-        if self._pending and not any(it.rec.kind == "batch" for it in self._items):
-            self.claim_batches(last_only=True)
+        batches = self.observers["batches"]
+        if batches.pending and not any(it.rec.kind == "batch" for it in self._items):
+            batches.claim(last_only=True)
         for n, v in zip(pre.names, params):
             self._add_now("param", n, v)
         if not self.policy.sentinel:
@@ -612,15 +414,14 @@ class TFRecorder:
         if self.step < self.record_from:  # a replay's quiet step: counted, not written
             self.step += 1
             self._reset_step()
-            self._take_eval()
+            self.observers["evaluation"].take()
             return
         items = sorted(self._items, key=lambda it: (_KIND_RANK[it.rec.kind], it.seq))
         scalars = self._step_scalars(items, lr, none_names, n_vars)
-        ev = self._take_eval()
-        if ev:
-            scalars["eval"] = ev
+        for add in self._on["step_scalars"]:  # (evaluation)
+            add(scalars)
         if gnorm is not None and "grad_norm" not in scalars:
-            scalars["grad_norm"] = _json_float(float(fptf.host_array(gnorm)))
+            scalars["grad_norm"] = json_float(float(fptf.host_array(gnorm)))
         if self._dropped:
             scalars["records_dropped"] = self._dropped
             scalars["max_records_per_step"] = self.policy.max_records_per_step
@@ -639,17 +440,13 @@ class TFRecorder:
         self._reset_step()
 
     def _step_scalars(self, items: list[_Item], lr: Any, none_names: list[str], n_vars: int) -> dict[str, Any]:
-        s: dict[str, Any] = {}
-        losses = [it.rec for it in items if it.rec.kind == "loss"]
-        if losses and all(r.stats is not None and r.shape == () for r in losses):
-            s["loss"] = losses[0].stats["mean"] if len(losses) == 1 else _json_float(
-                math.fsum(r.stat("mean") for r in losses))  # type: ignore[index,misc]
+        s = loss_scalars([it.rec for it in items if it.rec.kind == "loss"], each=False)
         norms = [it.rec.stat("norm") for it in items if it.rec.kind == "grad"]
         if norms and all(n is not None for n in norms):
-            s["grad_norm"] = _json_float(math.sqrt(sum(n * n for n in norms)))  # type: ignore[operator]
+            s["grad_norm"] = json_float(math.sqrt(sum(n * n for n in norms)))  # type: ignore[operator]
         if lr is not None:
             a = fptf.host_array(lr)
-            s["lr"] = [_json_float(float(a))] if a.size == 1 else None
+            s["lr"] = [json_float(float(a))] if a.size == 1 else None
         if none_names:
             s["none_grad_variables"] = list(none_names)
             s["no_grad_params"] = list(none_names)
@@ -658,8 +455,7 @@ class TFRecorder:
         if self._modes:
             s["mode"] = "+".join(sorted(self._modes))
         s.update(self._scalars)
-        bad = next((f"{it.rec.kind} '{it.rec.name}'" for it in items
-                    if it.rec.stats and (it.rec.stats.get("nan") or it.rec.stats.get("inf"))), None)
+        bad = first_nonfinite(it.rec for it in items)
         if bad:
             s["first_nonfinite"] = bad
             if self.first_nonfinite is None:
@@ -682,7 +478,7 @@ class TFRecorder:
 
         model = self.model_ref() if self.model_ref is not None else None
         capture_state(self.writer, step, model=model, variables=variables if model is None else None, optimizer=opt,
-                      position=self._fit_position)
+                      position=self.observers["keras"].fit_position)
 
     # -- an explicit step (reprobisect.tensorflow) ------------------------------------------------
 
@@ -692,240 +488,7 @@ class TFRecorder:
         ``variables``; ``None`` entries are findings) and ``variables`` after the update.
         Returns False, recording nothing, when the recorder is done or an optimizer's
         ``apply`` already ended a step since the last call."""
-        if not tf.executing_eagerly():
-            raise UsageError("reprobisect.tensorflow: rec.step() records eager values; call it outside tf.function")
-        applied, self._applied = self._applied, 0
-        if not self.active or applied:
-            return False
-        variables = list(variables or [])
-        grads = list(grads) if grads is not None else []
-        occ: dict[tuple[str, str], int] = {}
-        names = [self._unique(occ, "param", _var_name(v)) for v in variables]
-        if loss is not None and not any(it.rec.kind == "loss" for it in self._items):
-            self._tap("loss", "loss", _tensors(loss))
-        none_names = [n for n, g in zip(names, grads) if g is None]
-        if none_names:
-            self._warn_none(none_names, len(none_names) == len(names))
-        have = [(n, g) for n, g in zip(names, grads) if g is not None]
-        self._tap("grad", [n for n, _ in have], [_dense(g) for _, g in have], named=True)
-        pre = _Apply(None, variables, names, none_names, lr, False)
-        if self.policy.sentinel and have:
-            pre.gnorm = _total_norm([_dense(g) for _, g in have])
-        self._end_step(pre, [_read(v) for v in variables], [], [], lr, pre.gnorm)
-        return True
-
-    # -- fit -------------------------------------------------------------------------------------
-
-    def before_fit(self, model: Any, args: tuple, kwargs: dict) -> None:
-        """Note the mode, wrap ``train_step`` on the instance, index a NumPy ``x`` by row."""
-        self.model_ref = weakref.ref(model)
-        if os.environ.get("REPROBISECT_TF_EAGER") == "1" and not model.run_eagerly:
-            model.run_eagerly = True
-            self.info["forced_eager"] = "REPROBISECT_TF_EAGER=1: fit ran eagerly (run_eagerly=True) for full detail"
-        self.info["run_eagerly"] = bool(model.run_eagerly)
-        jit = bool(getattr(model, "jit_compile", False)) and not model.run_eagerly
-        self.info["jit_compile"] = jit
-        if not model.run_eagerly:
-            self.info["layer_outputs"] = _GRAPH_LAYERS + " recorded"
-        x = args[0] if args else kwargs.get("x")
-        self._ids = _RowIndex.of(x)
-        self._fit_position = _fit_position(x, args, kwargs)
-        prev, why = self.info.get("batch_ids"), self._ids.why
-        self.info["batch_ids"] = why if prev is None or why in prev else f"{prev}; a later fit: {why}"
-        if jit:
-            self._xla_fit(model, args, kwargs)
-        ts = model.__dict__.get("train_step")
-        if ts is None or not getattr(ts, "_reprobisect", False):
-            inner = model.train_step
-            rec = self
-
-            def train_step(data: Any) -> Any:
-                if rec.active:
-                    rec.guarded("batch", rec._batch, data)
-                return inner(data)
-
-            train_step._reprobisect = True  # type: ignore[attr-defined]
-            object.__setattr__(model, "train_step", train_step)
-
-    _fit_position: dict[str, Any] | None = None
-
-    def _xla_fit(self, model: Any, args: tuple, kwargs: dict) -> None:
-        """``fit`` under XLA: no tap can run inside the compiled step; a callback records the
-        variables after each step, the optimizer variables and the learning rate instead."""
-        self.info["layer_outputs"] = _XLA_LAYERS
-        self.info["batch_ids"] = "not recorded: XLA (jit_compile=True)"
-        self.info["xla"] = ("jit_compile=True: batch, input, output, loss and gradients are not recorded (no tap runs "
-                            "inside an XLA-compiled step); the variables before the first step and after each step, "
-                            "optimizer variables and the learning rate (as after the step) are, from a callback")
-        if len(args) > 5:  # callbacks given by position: leave the call alone
-            self.info["xla"] = "jit_compile=True and callbacks given by position: steps are not recorded"
-            return
-        callbacks = list(kwargs.get("callbacks") or [])
-        callbacks.append(_XLA_CALLBACK(self, model))
-        kwargs["callbacks"] = callbacks
-
-    def xla_batch_end(self, model: Any) -> None:
-        """A training batch of an XLA ``fit`` ended (``_XLA_CALLBACK``): record it as a step."""
-        if not self.active:
-            return
-        opt = model.optimizer
-        variables = list(model.trainable_variables)
-        occ: dict[tuple[str, str], int] = {}
-        names = [self._unique(occ, "param", _var_name(v)) for v in variables]
-        opt_vars = list(getattr(opt, "variables", []))
-        occ = {}
-        opt_names = [self._unique(occ, "optim_state", _var_name(v)) for v in opt_vars]
-        self._modes.add("xla")
-        self.info["mode"] = "+".join(sorted(self._modes))
-        pre = _Apply(opt, variables, names, [], tf.convert_to_tensor(opt.learning_rate), False)
-        self._end_step(pre, [_read(v) for v in variables], opt_names, [_read(v) for v in opt_vars], pre.lr)
-
-    def _batch(self, data: Any) -> None:
-        ts = _tensors(data)
-        if ts and tf.executing_eagerly():
-            self._fit_ids(ts[0], None)
-        elif ts and not _in_xla():  # the index is looked up when the step runs: a later fit reuses this graph
-            gs = self._gstate()
-            seq = gs["seq"]
-            gs["seq"] += 1
-            gs["taps"] += self._py(lambda v: self.guarded("ids", self._fit_ids, v, seq), [ts[0]])
-        self._tap("batch", "data", ts)
-
-    def _fit_ids(self, x: Any, seq: int | None) -> None:
-        index = getattr(self, "_ids", None)  # of the fit running now
-        if index is not None and index.index is not None:
-            self._add_ids(fptf.host_array(x), seq, index)
-
-    def _add_ids(self, x: np.ndarray, seq: int | None, index: "_RowIndex") -> None:
-        if not self.active:
-            return
-        ids = index.lookup(x)
-        if ids is None:
-            self._scalars["batch_ids"] = "not derivable: a batch row is not among the source's rows"
-            return
-        self._batch_ids = ids.tolist()
-        self._add_now("batch", self._unique(self._occ, "batch", "ids"), ids, seq=seq)
-
-    # -- batches of a custom loop (tf.data iterators) ------------------------------------------------
-
-    def loop_batch(self, it: Any, out: Any) -> None:
-        """An eager ``next()`` on a ``tf.data`` iterator outside ``fit``: the batch waits for the
-        training forward that uses it (an evaluation forward drops it)."""
-        if self._in_fit or not self.active:
-            return
-        ds = getattr(it, "_dataset", None)
-        hit = self._loop_index.get(id(it))
-        if hit is None or hit[0]() is not it:
-            hit = (weakref.ref(it), _RowIndex.of(ds))
-            self._loop_index[id(it)] = hit
-        self._pending.append((out, hit[1]))
-        del self._pending[:-16]
-
-    def claim_batches(self, last_only: bool = False) -> None:
-        """Record the waiting batches as this step's ``batch`` records (``last_only``: the one
-        drawn last, for a step whose forward ran in a graph, unseen in Python)."""
-        pending, self._pending = (self._pending[-1:] if last_only else self._pending), []
-        for out, index in pending:
-            ts = _tensors(out)
-            self.info["batch_ids"] = index.why
-            if index.index is not None and ts:
-                self._add_ids(fptf.host_array(ts[0]), None, index)
-            self._tap("batch", "data", ts)
-
-    # -- evaluation: validation, evaluate, predict, forwards with no tape ---------------------------
-
-    def _eval_run(self) -> dict[str, Any]:
-        """The evaluation run under way (consecutive evaluation of one phase)."""
-        phase = self._phase or "no_tape"
-        cur = self._eval_cur
-        if cur is None or cur["phase"] != phase:
-            cur = {"phase": phase, "after_step": self.step - 1 if self.step else None, "forwards": 0, "batches": 0,
-                   "ids": [], "ids_known": True, "outputs": []}
-            self._eval_runs.append(cur)
-            self._eval_cur = cur
-        return cur
-
-    def _eval_forward(self, outs: list[Any]) -> None:
-        """A forward of a root layer with no tape recording: counted, its outputs fingerprinted
-        (the first ``_EVAL_OUTPUTS`` of the run), now (eager) or when the graph runs."""
-        if not outs or not self.active:
-            return
-        if tf.executing_eagerly():
-            self._eval_values(tuple(outs))
-        elif not _in_xla():
-            self._py(lambda *v: self.guarded("eval", self._eval_values, v), outs)
-        else:
-            self.info["evaluation"] = "not summarised under XLA (jit_compile=True)"
-
-    def _eval_values(self, values: tuple) -> None:
-        if not self.active:
-            return
-        run = self._eval_run()
-        run["forwards"] += 1
-        for v in values:
-            if len(run["outputs"]) < _EVAL_OUTPUTS:
-                run["outputs"].append(fptf.fingerprint_array(fptf.host_array(v), False)[0])
-
-    def before_eval(self, model: Any, phase: str, x: Any) -> None:
-        """Keras ``evaluate`` (``validation`` inside ``fit``) or ``predict`` begins: note the
-        phase, index ``x`` by row (sample IDs), wrap the model's test/predict step once."""
-        if self._eval_index[0] is not x:
-            index = _RowIndex.of(x)
-            self._eval_index = (x, index if index.index is not None else None)
-        for attr in ("test_step", "predict_step"):
-            st = model.__dict__.get(attr)
-            if st is not None and getattr(st, "_reprobisect", False):
-                continue
-            inner = getattr(model, attr)
-            rec = self
-
-            def step(data: Any, _inner: Callable = inner) -> Any:
-                if rec.active and rec._phase is not None:
-                    rec.guarded("eval batch", rec._eval_batch, data)
-                return _inner(data)
-
-            step._reprobisect = True  # type: ignore[attr-defined]
-            object.__setattr__(model, attr, step)
-
-    def _eval_batch(self, data: Any) -> None:
-        ts = _tensors(data)
-        if not ts:
-            return
-        if tf.executing_eagerly():
-            self._eval_ids(ts[0])
-        elif not _in_xla():
-            self._py(lambda v: self.guarded("eval batch", self._eval_ids, v), [ts[0]])
-
-    def _eval_ids(self, x: Any) -> None:
-        if not self.active:
-            return
-        run = self._eval_run()
-        run["batches"] += 1
-        index = self._eval_index[1]
-        ids = index.lookup(fptf.host_array(x)) if index is not None else None
-        if ids is None:
-            run["ids_known"] = False
-        else:
-            run["ids"].append(ids)
-
-    def _take_eval(self) -> list[dict[str, Any]]:
-        """The evaluation since the last step, as JSON (``scalars["eval"]``), and forget it."""
-        runs, self._eval_runs, self._eval_cur = self._eval_runs, [], None
-        out = []
-        for r in runs:
-            ids = np.concatenate(r["ids"]) if r["ids"] and r["ids_known"] else None
-            outs = r["outputs"]
-            out.append({
-                "phase": r["phase"],
-                "after_step": r["after_step"],
-                "forwards": r["forwards"],
-                "batches": r["batches"],
-                "samples": int(ids.size) if ids is not None else None,
-                "ids_fingerprint": record_array("ids", "batch", ids).fingerprint if ids is not None else None,
-                "outputs_fingerprint": hashlib.sha256("\n".join(outs).encode()).hexdigest()[:32] if outs else None,
-                "outputs_fingerprinted": len(outs),
-            })
-        return out
+        return self.observers["optimizer"].manual_step(loss=loss, grads=grads, variables=variables, lr=lr)
 
     # -- the launcher's interface -------------------------------------------------------------------
 
@@ -953,7 +516,7 @@ class TFRecorder:
 
     def evaluation_after_last_step(self) -> list[dict[str, Any]]:
         """Evaluation that ran after the last written step (a validation after the last epoch), as JSON."""
-        return self._take_eval() if self.step > self.record_from else []
+        return self.observers["evaluation"].take() if self.step > self.record_from else []
 
     def no_steps_detail(self) -> str:
         if "xla" in self.info and "mode" in self.info and "xla" in self.info["mode"]:
@@ -963,173 +526,3 @@ class TFRecorder:
             return (f"GradientTape.gradient ran {self.backwards} time(s) but no Keras optimizer applied an update; "
                     "record a loop that updates variables by hand with reprobisect.tensorflow.record(...).step(...)")
         return "no GradientTape.gradient and no optimizer update ran (does the script train, e.g. call model.fit?)"
-
-
-class _RowIndex:
-    """The rows of the NumPy ``x`` given to ``fit``, by content: batch rows -> sample IDs."""
-
-    def __init__(self, x: np.ndarray | None, why: str) -> None:
-        self.x = x
-        self.why = why
-        self.index: dict[bytes, int] | None = None
-        if x is not None:
-            index: dict[bytes, int] = {}
-            flat = np.ascontiguousarray(x).reshape(len(x), -1)
-            for i in range(len(flat)):
-                index.setdefault(flat[i].tobytes(), i)
-            if len(index) < len(flat):
-                self.why = "not derivable: the rows of x are not unique"
-            else:
-                self.index = index
-
-    @classmethod
-    def of(cls, x: Any) -> "_RowIndex":
-        if isinstance(x, np.ndarray) and x.ndim >= 1 and len(x):
-            if x.nbytes > _MAX_ID_BYTES:
-                return cls(None, f"not derived: x is larger than {_MAX_ID_BYTES >> 20} MiB")
-            return cls(x, "derived: each batch row matched to the row of the NumPy x given to fit (Keras' own order)")
-        if x is not None and hasattr(x, "_variant_tensor"):  # a tf.data.Dataset
-            return cls._of_dataset(x)
-        kind = type(x).__name__
-        return cls(None, f"not derivable: fit was given a {kind}, not one NumPy array (batch content is recorded)")
-
-    @classmethod
-    def _of_dataset(cls, ds: Any) -> "_RowIndex":
-        """Trace ``from_tensor_slices(...)`` through shuffle/batch/repeat/prefetch/take/skip/cache
-        back to its first component: the rows a batch is matched against."""
-        d = ds
-        for _ in range(64):
-            name = type(d).__name__.lstrip("_")
-            if name == "TensorSliceDataset":
-                try:
-                    x = fptf.host_array(d._tensors[0])
-                except Exception:
-                    break
-                if x.ndim < 1 or x.nbytes > _MAX_ID_BYTES:
-                    break
-                return cls(x, "derived: each batch row matched to the row of the tf.data.Dataset.from_tensor_slices "
-                              "source (the pipeline's own order)")
-            if name not in _ROW_KEEPING or getattr(d, "_input_dataset", None) is None:
-                return cls(None, f"not derivable: the tf.data pipeline has a {name} (IDs are traced through "
-                                 "from_tensor_slices + shuffle/batch/repeat/prefetch/take/skip/cache only; "
-                                 "batch content is recorded)")
-            d = d._input_dataset
-        return cls(None, "not derivable: the tf.data pipeline could not be traced back to its rows "
-                         "(batch content is recorded)")
-
-    def lookup(self, batch: np.ndarray) -> np.ndarray | None:
-        assert self.index is not None and self.x is not None
-        if batch.dtype != self.x.dtype:
-            batch = batch.astype(self.x.dtype)
-        flat = np.ascontiguousarray(batch).reshape(len(batch), -1)
-        out = np.empty(len(flat), dtype=np.int64)
-        for i in range(len(flat)):
-            j = self.index.get(flat[i].tobytes())
-            if j is None:
-                return None
-            out[i] = j
-        return out
-
-
-def _read(v: Any) -> Any:
-    value = getattr(v, "value", None)
-    if value is not None and not callable(value) and hasattr(value, "read_value"):
-        return value.read_value()
-    if hasattr(v, "read_value"):
-        return v.read_value()
-    return tf.convert_to_tensor(v)
-
-
-def _total_norm(grads: list[Any]) -> Any:
-    """The gradients' total 2-norm, accumulated in float64."""
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in grads]))
-
-
-def _dense(g: Any) -> Any:
-    if isinstance(g, tf.IndexedSlices):
-        return tf.convert_to_tensor(g)
-    return g
-
-
-def install_keras(rec: TFRecorder) -> None:
-    """Wrap Keras (``Layer.__call__``, the optimizers' ``apply``, ``fit``) for ``rec``; once."""
-    if rec._keras:
-        return
-    from keras.src import backend as kbackend
-
-    if kbackend.backend() != "tensorflow":
-        rec.info["keras"] = (f"Keras backend '{kbackend.backend()}': Keras layers and optimizers are not recorded "
-                             "(only the TensorFlow backend is)")
-        rec._keras = True
-        return
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-    from keras.src.layers.layer import Layer
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
-
-    rec._keras = True
-    global _XLA_CALLBACK
-    from keras.src.callbacks.callback import Callback
-
-    class _XlaSteps(Callback):
-        def __init__(self, recorder: TFRecorder, model: Any) -> None:
-            super().__init__()
-            self.recorder, self.fit_model = recorder, model
-
-        def on_train_begin(self, logs: Any = None) -> None:
-            rec, model = self.recorder, self.fit_model
-            if rec.active and rec.step == 0:
-                vs = list(model.trainable_variables)
-                rec.guarded("xla init", rec._tap, "init", [_var_name(v) for v in vs], [_read(v) for v in vs],
-                            named=True)
-
-        def on_train_batch_end(self, batch: Any, logs: Any = None) -> None:
-            self.recorder.guarded("xla step", self.recorder.xla_batch_end, self.fit_model)
-            self.recorder.raise_if_stopped()
-
-    _XLA_CALLBACK = _XlaSteps
-
-    def layer_call(orig: Callable) -> Callable:
-        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
-            return rec.layer_call(orig, layer, args, kwargs)
-        return __call__
-
-    def apply(orig: Callable) -> Callable:
-        def wrapped(opt: Any, grads: Any, trainable_variables: Any = None) -> Any:
-            return rec.optimizer_apply(orig, opt, grads, trainable_variables)
-        return wrapped
-
-    def fit(orig: Callable) -> Callable:
-        def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if rec.active:
-                rec.guarded("fit", rec.before_fit, model, args, kwargs)
-            rec._in_fit += 1
-            try:
-                return orig(model, *args, **kwargs)
-            finally:
-                rec._in_fit -= 1
-        return wrapped
-
-    rec._patch(Layer, "__call__", layer_call)
-    rec._patch(BaseOptimizer, "apply", apply)
-    rec._patch(LossScaleOptimizer, "apply", apply)
-    rec._patch(TensorFlowTrainer, "fit", fit)
-    rec._patch(TensorFlowTrainer, "evaluate", _evaluation(rec, "evaluate"))
-    rec._patch(TensorFlowTrainer, "predict", _evaluation(rec, "predict"))
-
-
-def _evaluation(rec: TFRecorder, phase: str) -> Callable[[Callable], Callable]:
-    """The wrap of Keras ``evaluate`` (``validation`` when ``fit`` calls it) or ``predict``."""
-    def make(orig: Callable) -> Callable:
-        def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
-            prev = rec._phase
-            now = "validation" if phase == "evaluate" and rec._in_fit else phase
-            if rec.active:
-                rec.guarded("eval", rec.before_eval, model, now, args[0] if args else kwargs.get("x"))
-            rec._phase = now
-            try:
-                return orig(model, *args, **kwargs)
-            finally:
-                rec._phase = prev
-        return wrapped
-    return make
