@@ -263,10 +263,10 @@ def test_capture_of_a_torch_program_that_aborts_names_the_step(tmp_path):
 
 @pytest.mark.parametrize("argv,code,line", [
     (["capture", "--stepz", "3", "--", "python", "x.py"], 2,
-     "error: no such option '--stepz' for bisect capture (did you mean --full-steps, --seed or --steps?); "
+     "error: no such option '--stepz' for bisect capture (did you mean --steps?); "
      "see bisect capture --help"),
     (["probe", "--stepz", "3"], 128,
-     "error: no such option '--stepz' for bisect probe (did you mean --full-steps, --keep or --steps?); "
+     "error: no such option '--stepz' for bisect probe (did you mean --steps?); "
      "see bisect probe --help"),
     (["capture", "--zzz", "--", "x"], 2, "error: no such option '--zzz' for bisect capture; see bisect capture --help"),
     (["capture", "-o", "t", "--steps", "abc", "--", "python", "x.py"], 2,

@@ -26,6 +26,7 @@ The codes are ``reprobisect.exitcodes.ExitCode``. Every command returns its code
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import errno
 import importlib
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 import click
 
 from reprobisect import __version__
+from reprobisect.cli.options import forgotten_separator, with_verbosity
 from reprobisect.errors import ReproError
 from reprobisect.exitcodes import ExitCode
 from reprobisect.support import interrupt
@@ -53,7 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("reprobisect.cli.commands.compare", "Name the first step, stage and tensor where two traces disagree."),
     "runs": ("reprobisect.cli.commands.runs", "Find the commit that changed (or broke) training between --good and --bad."),
     "probe": ("reprobisect.cli.commands.probe", "Probe the current checkout once (exit 0 good, 1 bad, 125 skip) for git bisect run."),
-    "repro": ("reprobisect.cli.commands.repro", "Run the same command twice and name the first nondeterministic tensor."),
+    "repro": ("reprobisect.cli.commands.repro", "Run the same command 3 times (--runs N) and name the first nondeterministic tensor."),
     "resume": ("reprobisect.cli.commands.resume", "Check that the command's own checkpoint/resume continues a run bitwise."),
     "seeds": ("reprobisect.cli.commands.seeds", "Map which chain components depend on the seed (and which wrongly don't)."),
     "envs": ("reprobisect.cli.commands.envs", "Compare one command under two environments (interpreter, env vars, device, dtype)."),
@@ -74,7 +76,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), "command")
+        return with_verbosity(getattr(importlib.import_module(module), "command"))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
@@ -160,21 +162,32 @@ def _os_error(e: OSError) -> str:
 
 
 def _suggestions(e: click.ClickException) -> str:
-    """Click's "did you mean" names for an unknown option or command, as ' (did you mean X?)'."""
+    """Click's "did you mean" names for an unknown option or command, as ' (did you mean X?)':
+    the closest spelling alone when it is clearly the closest (``--step`` → ``--steps``), else
+    the close ones in order; ``--help`` only when nothing else is close."""
+    given = getattr(e, "option_name", None) or getattr(e, "command_name", None) or ""
     names = sorted(getattr(e, "possibilities", None) or ())
+    if len(names) > 1:
+        score = {n: difflib.SequenceMatcher(None, given, n).ratio() for n in names}
+        names = [n for n in names if n != "--help"] or names
+        best = max(score[n] for n in names)
+        names = sorted((n for n in names if score[n] >= best - 0.1), key=lambda n: (-score[n], n))
     if not names:
         return ""
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     return f" (did you mean {listed}?)"
 
 
-def _click_error(e: click.ClickException) -> str:
+def _click_error(e: click.ClickException, args: list[str] | None = None) -> str:
     """Click's usage error as ONE line naming the mistake and the fix (click's own ``show()``
     prints three: Usage, Try, Error), e.g. ``no such option '--stepz' for bisect capture
     (did you mean --steps?); see bisect capture --help``."""
     ctx = getattr(e, "ctx", None)
     path = ctx.command_path if ctx is not None and ctx.command_path else "bisect"
     if isinstance(e, click.exceptions.NoSuchOption):
+        fix = forgotten_separator(ctx, e.option_name, args or [])
+        if fix is not None:  # the training command's own option: the -- before the command is missing
+            return f"no such option '{e.option_name}' for {path}: put -- before the command: {fix}"
         what = f"no such option '{e.option_name}' for {path}{_suggestions(e)}"
     elif type(e).__name__ == "NoSuchCommand":  # click >= 8.4
         what = f"no such command '{getattr(e, 'command_name', '?')}' for {path}{_suggestions(e)}"
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         e.show()  # plain `bisect`: the help text is the answer to "what can I do?"
         return usage
     except click.ClickException as e:
-        return _fail(_click_error(e), usage)
+        return _fail(_click_error(e, args), usage)
     except click.exceptions.Abort as e:
         return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e))
     except KeyboardInterrupt as e:

@@ -38,7 +38,7 @@ from reprobisect.trace.outdir import prepare_output_dir
 
 __all__ = ["FiniteFloat", "POSITIVE_SECONDS", "NON_NEGATIVE", "parse_steps", "load_config", "build_options",
            "tolerance_from", "tolerance_options", "probe_options", "capture_options", "executor_options", "link_option",
-           "split_command"]
+           "split_command", "with_verbosity", "forgotten_separator"]
 
 
 class FiniteFloat(click.ParamType):
@@ -267,7 +267,8 @@ _STEPS = click.option("--steps", type=int, default=None, help="Optimizer steps e
 _TIMEOUT = click.option("--timeout", type=POSITIVE_SECONDS, default=None,
                         help="Seconds before a probe is killed (whole process group).")
 _FULL_STEPS = click.option("--full-steps", default=None, help="Steps whose full tensors are kept, e.g. 0,1.")
-_QUIET = click.option("-q", "--quiet", is_flag=True, default=None, help="No progress display.")
+_QUIET = click.option("-q", "--quiet", is_flag=True, default=None,
+                      help="Print only the result and errors: no progress, no notes.")
 _DETAIL = click.option("--detail", default=None, metavar="full|sentinel",
                        help="What each step records: full (every tensor of the chain) or sentinel (batch, loss, gradient "
                             "norm, learning rates, scale, parameters after the step) [default: full].")
@@ -342,15 +343,19 @@ def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
         return f(*args, **kwargs)
 
     quiet = click.option("-q", "--quiet", is_flag=True, default=None,
-                         help="Do not stream the command's output (it is kept in the trace's output.log).")
+                         help="Print only the result and errors: the command's output is not streamed (it is "
+                              "kept in the trace's output.log).")
     return _apply(wrapper, [_STEPS, _TIMEOUT, _FULL_STEPS, _DETAIL, _STATE_EVERY, quiet, _EXECUTOR,
                             *_executor_flag_options(), _CONFIG])
 
 
-def executor_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--executor``, ``--jobs`` and each executor's flags to a command that runs probes only
-    now and then (``compare --zoom``: its two re-runs, at once by default); the command receives
-    ``options: ProbeOptions``."""
+def executor_options(f: Callable[..., Any] | None = None, *,
+                     jobs_help: str = "Probes run at once [default: 2].") -> Callable[..., Any]:
+    """Add ``--executor``, ``--jobs`` (default 2) and each executor's flags to a command that runs
+    probes only now and then (``compare --zoom``: its two re-runs, at once by default; ``audit``:
+    its checks, ``jobs_help`` says so); the command receives ``options: ProbeOptions``."""
+    if f is None:
+        return functools.partial(executor_options, jobs_help=jobs_help)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -359,7 +364,7 @@ def executor_options(f: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["options"] = build_options(cli)
         return f(*args, **kwargs)
 
-    jobs = click.option("-j", "--jobs", type=int, default=None, help="Probes run at once [default: 2].")
+    jobs = click.option("-j", "--jobs", type=int, default=None, help=jobs_help)
     return _apply(wrapper, [_EXECUTOR, jobs, *_executor_flag_options()])
 
 
@@ -383,3 +388,87 @@ def split_command(args: tuple[str, ...] | list[str]) -> list[str]:
         name = ctx.info_name if ctx is not None and ctx.info_name else "repro"
         raise UsageError(f"give the training command after --, e.g. bisect {name} ... -- python train.py")
     return argv
+
+
+# --------------------------------------------------------------------------- every command
+
+
+_VERBOSITY_HELP = {
+    "quiet": "Print only the result and errors: no progress, no notes.",
+    "verbose": "More detail: progress as lines (also without a terminal) and, where the command has it, more of "
+               "the result (compare: every environment difference).",
+}
+
+
+def with_verbosity(command: click.Command) -> click.Command:
+    """``command`` with ``-q/--quiet`` and ``-v/--verbose``, meaning the same on every command.
+
+    A command that declares ``--quiet`` itself (the probing commands: it also goes into their
+    ``ProbeOptions``) keeps its own; the others get them here. Either way the choice is set for
+    the run in ``reprobisect.support.progress`` (``verbosity``), which every progress display and
+    renderer reads; the command's callback sees only the parameters it declares."""
+    if getattr(command, "_reprobisect_verbosity", False):
+        return command
+    own = {p.name for p in command.params}
+    added = [name for name in ("quiet", "verbose") if name not in own]
+    for name in added:
+        command.params.append(click.Option([f"-{name[0]}", f"--{name}"], is_flag=True, default=False,
+                                           help=_VERBOSITY_HELP[name]))
+    callback = command.callback
+
+    @functools.wraps(callback)  # type: ignore[arg-type]
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from reprobisect.support.progress import set_verbosity
+
+        level = {name: bool(kwargs.pop(name) if name in added else kwargs.get(name)) for name in ("quiet", "verbose")}
+        if level["quiet"] and level["verbose"]:
+            raise UsageError("-q/--quiet and -v/--verbose contradict each other; give one of them")
+        with set_verbosity(**level):
+            return callback(*args, **kwargs)  # type: ignore[misc]
+
+    command.callback = run
+    command._reprobisect_verbosity = True  # type: ignore[attr-defined]
+    return command
+
+
+def _option_arity(command: click.Command) -> dict[str, bool]:
+    """Every option name of ``command`` → whether it takes a value (``--steps 3``) or not (a flag)."""
+    arity = {"-h": False, "--help": False}
+    for p in command.params:
+        if isinstance(p, click.Option):
+            for name in (*p.opts, *p.secondary_opts):
+                arity[name] = not (p.is_flag or p.count)
+    return arity
+
+
+def forgotten_separator(ctx: click.Context | None, option: str, args: list[str]) -> str | None:
+    """The corrected command line when ``option`` (unknown to the command) follows the first word
+    of a training command given without ``--`` (``bisect capture -o x python train.py --lr 1e-3``:
+    ``--lr`` is the program's); None when the mistake is another (a mistyped option of ours).
+
+    Only commands that take a training command (a ``cmd`` argument) are asked; ``args`` are the
+    words ``bisect`` was given."""
+    command = ctx.command if ctx is not None else None
+    if command is None or not any(isinstance(p, click.Argument) and p.name == "cmd" for p in command.params):
+        return None
+    at = next((i for i, a in enumerate(args) if a == command.name), None)
+    if at is None:
+        return None
+    words, arity = args[at + 1:], _option_arity(command)
+    first: int | None = None
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word == "--":
+            return None
+        elif first is not None and (word == option or word.startswith(option + "=")):
+            import shlex
+
+            return "bisect " + shlex.join([command.name, *words[:first], "--", *words[first:]])
+        elif word.startswith("-") and len(word) > 1:
+            name = word.split("=", 1)[0]
+            skip = arity.get(name, False) and "=" not in word
+        elif first is None:
+            first = i
+    return None

@@ -9,9 +9,16 @@ Every change is marked:
 
 ``numerics``  can change the numbers a run produces: package versions, torch/TF settings
               (dtype, autocast, compile mode, thread counts, CUDA/cuDNN, devices),
-              determinism flags, numerics env vars, data hashes, the code revision.
-``info``      worth showing but not a cause by itself: host name and platform, package
-              import paths, interpreter path, cwd, git branch/root, argv.
+              determinism flags, numerics env vars, data hashes.
+``info``      provenance and launch context, worth showing but not a cause by itself: the
+              git revision (commit, dirty, branch, root: the code's changes are what the
+              traces show, a commit id changes no number), host name and platform, package
+              import paths, interpreter path, cwd, argv.
+
+A command line that differs (``python.argv``) stays ``info`` for the tolerance (the same
+program with a path spelled otherwise is the same run) but is named apart
+(``command_changes``): with other arguments the comparison is not like for like, which the
+renderers say as a warning.
 
 The data version (group ``data``: ``{"dvc": {FILE: {OUT: HASH}}}``, from the checkout's
 DVC files) is flattened per DVC file: ``data.data/train.csv.dvc`` when the file declares
@@ -31,7 +38,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
-__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "category_of", "data_changes", "diff_environments"]
+__all__ = ["ABSENT", "EnvChange", "INFO_PATHS", "COMMAND_PATHS", "category_of", "command_changes", "data_changes",
+           "diff_environments"]
 
 ABSENT = "(absent)"
 """The value shown for a key present on one side only."""
@@ -42,8 +50,7 @@ INFO_PATHS = (
     "python.executable",
     "python.prefix",
     "python.argv",
-    "git.root",
-    "git.branch",
+    "git",
     "packages.*.path",
     "torch.devices.*.memory_gib",
     "recorder",
@@ -57,6 +64,9 @@ INFO_PATHS = (
     "distributed.local_rank",
 )
 """Key paths (``*`` matches one level; a prefix covers everything below it) marked ``info``."""
+
+COMMAND_PATHS = ("python.argv",)
+"""Key paths of the command line a run was started with (``command_changes``)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,12 @@ def _data_view(data: Any, other: Any) -> dict[str, Any] | None:
         else:
             out.update({f"{f}:{o}" if o else str(f): h for o, h in outs.items()})
     return out
+
+
+def command_changes(changes: Iterable["EnvChange"]) -> list["EnvChange"]:
+    """The changes of the command line among ``changes``: the runs had other arguments, so
+    their comparison is not like for like (a warning, whatever the tolerance makes of it)."""
+    return [c for c in changes if any(_matches(c.path, p) for p in COMMAND_PATHS)]
 
 
 def data_changes(changes: Iterable["EnvChange"]) -> list["EnvChange"]:

@@ -37,8 +37,8 @@ def audit_json(result: Any) -> dict[str, Any]:
         "exit_code": result.exit_code, "revision": result.revision, "update_golden": result.updated,
         "results_dir": result.results_dir,
         "checks": [_check_json(c) for c in result.checks],
-        "history": [{"started": n.started, "check": n.check, "verdict": n.verdict, "wall_s": round(n.wall_s, 3),
-                     "revision": n.revision, "line": n.line} for n in result.history],
+        "history": [{"night_id": n.night_id, "started": n.started, "check": n.check, "verdict": n.verdict,
+                     "wall_s": round(n.wall_s, 3), "revision": n.revision, "line": n.line} for n in result.history],
     }
 
 

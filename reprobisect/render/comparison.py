@@ -22,7 +22,8 @@ from typing import Any
 
 from reprobisect.render.safe import printable, printable_lines
 
-__all__ = ["comparison_json", "format_number", "render_comparison", "render_divergence", "render_env", "sentinel_text"]
+__all__ = ["command_warning", "comparison_json", "format_number", "render_comparison", "render_divergence", "render_env",
+           "sentinel_text"]
 
 _ENV_SHOWN = 20
 _VALUE_WIDTH = 60
@@ -56,15 +57,17 @@ def _whole(path: str) -> bool:
     return last in ("argv", "command", "orig_argv")
 
 
-def render_env(env: tuple[Any, ...] | list[Any]) -> list[str]:
-    """Lines for ``EnvChange`` values: numerics changes first, then launch info, at most a screenful."""
+def render_env(env: tuple[Any, ...] | list[Any], *, every: bool = False) -> list[str]:
+    """Lines for ``EnvChange`` values: numerics changes first, then provenance and launch info; at
+    most a screenful unless ``every`` (``-v``)."""
     if not env:
         return ["environment: no differences"]
     numerics = [d for d in env if not d.info]
     lines = [f"environment differences ({len(numerics)} numerics-relevant, {len(env) - len(numerics)} launch info):"]
     # a differing command line is shown with the numerics changes, never cut off by the limit
     env = sorted(env, key=lambda d: (d.info, not _whole(d.key)))
-    for d in list(env)[:_ENV_SHOWN]:
+    shown = len(env) if every else _ENV_SHOWN
+    for d in list(env)[:shown]:
         tag = "  (info)" if d.info else ""
         if getattr(d, "is_data", False):  # a DVC data version: the file and its short hashes
             lines.append(f"  {printable(d)}{tag}")
@@ -74,8 +77,8 @@ def render_env(env: tuple[Any, ...] | list[Any]) -> list[str]:
             lines.append(f"  {printable(d.key)}: only in B = {_short(d.b, d.key)}{tag}")
         else:
             lines.append(f"  {printable(d.key)}: only in A = {_short(d.a, d.key)}{tag}")
-    if len(env) > _ENV_SHOWN:
-        lines.append(f"  … and {len(env) - _ENV_SHOWN} more (--json lists all)")
+    if len(env) > shown:
+        lines.append(f"  … and {len(env) - shown} more (-v or --json lists all)")
     return lines
 
 
@@ -181,14 +184,28 @@ def _first_lines(c: Any) -> list[str]:
     return lines
 
 
-def render_comparison(c: Any) -> str:
-    """The whole ``Comparison`` as text; environment differences come first."""
+_COMMAND_KEYS = ("python.argv",)  # reprobisect.core.envdiff.COMMAND_PATHS (render imports nothing of the core)
+
+
+def command_warning(env: tuple[Any, ...] | list[Any]) -> str | None:
+    """The warning line when ``env`` (``EnvChange`` values) says the two runs were started with
+    other arguments (``command_changes``): a comparison that is not like for like; else None."""
+    changed = [d for d in env if getattr(d, "key", None) in _COMMAND_KEYS]
+    if not changed:
+        return None
+    d = changed[0]
+    return (f"warning: the two runs were started with other arguments ({_short(d.a, d.key)} → {_short(d.b, d.key)}): "
+            "the comparison is not like for like")
+
+
+def render_comparison(c: Any, *, verbose: bool = False) -> str:
+    """The whole ``Comparison`` as text; environment differences come first (all of them when ``verbose``)."""
     lines = [f"A: {printable(c.a)} ({c.status_a}, {len(c.steps_a)} steps)",
              f"B: {printable(c.b)} ({c.status_b}, {len(c.steps_b)} steps)"]
     lines = [s.replace(" 1 steps)", " 1 step)") for s in lines]
     if getattr(c, "ranks", ()):
         lines = [line[:-1] + f", {n} rank{'s' if n != 1 else ''})" for line, n in zip(lines, (c.world_size_a, c.world_size_b))]
-    lines.extend(render_env(c.env))
+    lines.extend(render_env(c.env, every=verbose))
     lines.append(f"tolerance: {c.tolerance.describe()} — {c.tolerance_reason}")
     read = f"; read {c.tensors_read} full tensor(s), {c.bytes_read} bytes" if c.tensors_read else "; no full tensor read"
     lines.append(f"compared {c.steps_compared} step(s), {c.records_compared} record(s){read}")

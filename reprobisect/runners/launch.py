@@ -513,6 +513,11 @@ def _claim_process() -> None:
 
 
 def _say(outcome: Outcome, steps: int) -> None:
+    """How the run ended, one line on stderr (in a probe's ``output.log``); nothing under
+    ``bisect capture``, which says it once itself and logs the whole traceback
+    (``reprobisect.workflows.capture.OUTCOME_BY_PARENT``)."""
+    if os.environ.get("REPROBISECT_OUTCOME_BY_PARENT") == "1":
+        return
     trace = outcome.trace
     if outcome.status is Status.OK:
         msg = f"reprobisect: ok, {steps} step(s) recorded into {trace}"

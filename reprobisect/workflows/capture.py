@@ -16,7 +16,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,7 +32,13 @@ from reprobisect.support.outputlog import OUTPUT_LOG
 from reprobisect.trace.format import DETAILS
 from reprobisect.trace.outdir import check_trace_target
 
-__all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES"]
+__all__ = ["CaptureConfig", "CaptureResult", "capture", "launch_command", "EXIT_CODES", "OUTCOME_BY_PARENT",
+           "display_path", "outcome_lines", "user_traceback"]
+
+OUTCOME_BY_PARENT = "REPROBISECT_OUTCOME_BY_PARENT"
+"""Set (to ``1``) in a capture's environment: the launcher then does not print its outcome line,
+because ``bisect capture`` prints the outcome once itself (and writes it, with the whole
+traceback, into the trace's ``output.log``)."""
 
 # exit status of `bisect capture` per outcome (2 is bad input, raised as UsageError): 1 only
 # for what the command itself did; a timeout or a kill from outside could not test it (125)
@@ -175,12 +182,14 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     trace = Path(out)
     if not trace.is_absolute():
         trace = workdir / trace
+    trace = Path(os.path.normpath(trace))  # 'proj/../traces/a.trace' is '/…/traces/a.trace'
     # new, empty, or verifiably a reprobisect trace (its manifest parses as one), and writable
     check_trace_target(trace)
     cmd = launch_command(argv, trace, config, workdir)
     # the command's output streams live (as under git bisect run) unless quiet; it is kept
     # in the trace folder as output.log either way (reprobisect.support.outputlog)
     spec = config.spec(argv, workdir, trace)
+    spec = replace(spec, env={**spec.env, OUTCOME_BY_PARENT: "1"})  # said once, by us
     try:
         result = _run(spec, executor)
     except OSError as e:  # this process's own writing (the trace folder, the probe's files) on a full disk
@@ -191,6 +200,7 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
     full = disk_full(result.outcome)
     if full is not None:  # the tool's own writing failed: bad environment (exit 2), never a verdict on the command
         raise UsageError(f"{full}; free space there or choose another -o (the trace there is incomplete)")
+    _log_outcome(trace, result.outcome)
     return CaptureResult(
         outcome=result.outcome,
         trace=str(trace),
@@ -224,3 +234,68 @@ def _show_output(result: ProbeResult) -> None:
     if out is not None and data:
         out.write(data)
         out.flush()
+
+
+def _log_outcome(trace: Path, outcome: Outcome) -> None:
+    """The outcome line, and a crash's whole traceback, at the end of the trace's ``output.log``
+    (the terminal gets them once, shortened: ``outcome_lines``, ``user_traceback``)."""
+    log = trace / OUTPUT_LOG
+    if not log.is_file():
+        return
+    text = f"reprobisect: {outcome}\n" + (outcome.traceback or "")
+    try:
+        with open(log, "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError:
+        pass  # the log is a convenience; the manifest holds the outcome and its traceback
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """``path`` as a user wants to read it: relative to the current folder when under it
+    (``traces/a.trace``), else absolute, and normalised either way (no ``proj/../``)."""
+    full = os.path.normpath(os.path.abspath(path))
+    here = os.getcwd()
+    try:
+        rel = os.path.relpath(full, here)
+    except ValueError:  # another drive
+        return full
+    return full if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def outcome_lines(result: "CaptureResult") -> list[str]:
+    """What ``bisect capture`` prints on stdout: how the run ended (steps counted from 0, as in
+    the trace, said where a step is named) and where the trace is."""
+    o = result.outcome
+    lines = [str(o)]
+    if o.step is not None and o.status is not Status.OK:
+        done = "no step completed" if o.step == 0 else (
+            "step 0 completed" if o.step == 1 else f"steps 0-{o.step - 1} completed")
+        lines.append(f"  (steps count from 0, as in the trace: {done}; it ended during step {o.step})")
+    lines.append(f"trace: {display_path(result.trace)}")
+    return lines
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+')
+
+
+def _ours(path: str) -> bool:
+    """A frame of reprobisect's launcher or of runpy (what started the program), not the user's."""
+    return (path == "<frozen runpy>" or os.path.basename(path) == "runpy.py"
+            or os.path.abspath(path).startswith(_PACKAGE + os.sep))
+
+
+def user_traceback(text: str | None) -> list[str]:
+    """A crash's traceback with only the user's frames: the launcher's and runpy's are dropped
+    (the whole one is in the trace's ``output.log`` and manifest)."""
+    out: list[str] = []
+    skipping = False
+    for line in (text or "").splitlines():
+        m = _FRAME.match(line)
+        if m is not None:
+            skipping = _ours(m.group("file"))
+        elif not line.startswith("    "):
+            skipping = False  # the exception line, a chained-exception header
+        if not skipping:
+            out.append(line)
+    return out

@@ -29,7 +29,7 @@ __all__ = ["command"]
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the audit result document here.")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write a self-contained HTML report here.")
 @click.option("--update-golden", is_flag=True, help="Record every golden (and its noise band) instead of checking.")
-@executor_options
+@executor_options(jobs_help="Checks run at once (each runs its own probes) [default: 2].")
 def command(options: ProbeOptions, config: str, junit: str | None, json_path: str | None, html: str | None,
             update_golden: bool) -> int:
     """Run an audit config's checks: bitwise / within-noise / diverged / inconclusive, per check."""

@@ -14,7 +14,7 @@ import click
 from reprobisect.cli.options import capture_options, parse_steps
 from reprobisect.core.options import ProbeOptions
 from reprobisect.executors import executor_for
-from reprobisect.workflows.capture import CaptureConfig, capture
+from reprobisect.workflows.capture import CaptureConfig, capture, display_path, outcome_lines, user_traceback
 
 __all__ = ["command"]
 
@@ -61,11 +61,14 @@ def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None,
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return result.exit_code
+    for line in outcome_lines(result):  # once, on stdout; the stream above was the command's own
+        click.echo(line)
     o = result.outcome
-    click.echo(f"{o}")
-    click.echo(f"trace: {result.trace}")
-    if o.status != "ok":
-        tail = (o.traceback or result.stderr_tail or "").strip().splitlines()[-8:]
+    if o.status != "ok":  # the error detail: shown with -q too
+        # the user's frames only; the whole traceback is in the trace's output.log
+        tail = user_traceback(o.traceback)[-12:] if o.traceback else (result.stderr_tail or "").strip().splitlines()[-8:]
         for line in tail:
             click.echo(f"  {line}", err=True)
+        if o.traceback and result.output_log:
+            click.echo(f"  (the whole traceback: {display_path(result.output_log)})", err=True)
     return result.exit_code

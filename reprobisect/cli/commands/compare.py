@@ -19,6 +19,7 @@ from reprobisect.executors import executor_for
 from reprobisect.exitcodes import ExitCode
 from reprobisect.render import comparison_json, render_comparison
 from reprobisect.render.safe import printable_lines
+from reprobisect.support.progress import verbosity
 from reprobisect.workflows.zoom import run_zoom
 
 __all__ = ["command"]
@@ -72,7 +73,7 @@ def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: flo
     if as_json:
         click.echo(json.dumps(comparison_json(result, zoomed), indent=1))
     else:
-        click.echo(render_comparison(result))
+        click.echo(render_comparison(result, verbose=verbosity().verbose))  # -v: every environment difference
         if zoomed is not None:
             click.echo(printable_lines(f"zoom: {zoomed}"))
     return ExitCode.OK if result else ExitCode.DIFFER

@@ -22,7 +22,7 @@ __all__ = ["command"]
               help="Build the demo repository here (kept) instead of a temporary folder.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Probes run at once.")
 @click.option("--keep", is_flag=True, help="Keep the temporary repository.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress display.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the result and errors: no progress, no notes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def command(directory: str | None, jobs: int, keep: bool, quiet: bool, as_json: bool) -> int:
     """Try it in one minute: bisect a generated repository.

@@ -16,6 +16,8 @@ import click
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.render import probe_report_json, render_probe_report
+from reprobisect.render.comparison import command_warning
+from reprobisect.render.safe import printable_lines
 from reprobisect.workflows import repro
 
 __all__ = ["command"]
@@ -39,5 +41,12 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
     blaming the commit.
     """
     report = repro.probe_checkout(split_command(cmd), options, check=check, reference=reference)
-    click.echo(json.dumps(probe_report_json(report), indent=2) if as_json else render_probe_report(report))
+    if as_json:
+        click.echo(json.dumps(probe_report_json(report), indent=2))
+        return report.exit_code
+    comparison = getattr(report.verdict, "comparison", None)
+    warning = command_warning(comparison.env) if comparison is not None else None
+    if warning:  # this checkout ran with other arguments than the reference: not like for like
+        click.echo(printable_lines(warning.replace("the two runs were", "this run and the reference were")))
+    click.echo(render_probe_report(report))
     return report.exit_code

@@ -21,7 +21,7 @@ from reprobisect.workflows.runs import RunsConfig, find_first_bad
 __all__ = ["command"]
 
 
-@click.command(name="runs", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(name="runs", context_settings={"allow_interspersed_args": False})
 @click.option("--good", "good", required=True, help="A revision that trains the old/expected way.")
 @click.option("--bad", "bad", required=True, help="A revision whose training changed.")
 @click.option("--check", type=click.Choice(["match", "repro", "finite"]), default="match", show_default=True,

@@ -38,7 +38,7 @@ from reprobisect.workflows.doctor.model import CHECKS, Diagnosis, Finding, ranke
 from reprobisect.workflows.doctor.modes import check_modes
 from reprobisect.workflows.doctor.overfit import DEFAULT_OVERFIT_STEPS, check_overfit
 from reprobisect.workflows.doctor.repro import check_repro
-from reprobisect.workflows.doctor.run import record_run
+from reprobisect.workflows.doctor.run import ended_early, record_run
 from reprobisect.workflows.doctor.update import check_update
 
 __all__ = ["CHECKS", "DEFAULT_OVERFIT_STEPS", "DEFAULT_STEPS", "Diagnosis", "FRAMEWORK_CHECKS", "Finding",
@@ -188,4 +188,4 @@ def _overfit_run(argv: list[str], options: ProbeOptions, base: Path, cwd: str | 
             return [Finding("overfit", "info", "inconclusive: the fixed-batch run ended without steps "
                             f"({run.outcome.status})", {"wall_s": round(wall, 2)}, "")]
         return run.findings
-    return check_overfit(run.trace, wall_s=wall, asked=steps)
+    return [ended_early(f) for f in check_overfit(run.trace, wall_s=wall, asked=steps)]

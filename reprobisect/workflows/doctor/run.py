@@ -32,7 +32,7 @@ from reprobisect.workflows.doctor.contract import CRASH_CONTRACT
 from reprobisect.workflows.doctor.finite import first_nonfinite
 from reprobisect.workflows.doctor.model import RUN, Finding
 
-__all__ = ["RecordedRun", "record_run"]
+__all__ = ["RecordedRun", "record_run", "ended_early"]
 
 _DETACHED = ("does not require grad and does not have a grad_fn",)
 
@@ -173,3 +173,20 @@ def _no_graph_crash(ev: dict, before: dict) -> Finding:
 
 def _at(o: Outcome) -> str:
     return f" at step {o.step}" if o.step is not None else ""
+
+
+def ended_early(finding: Finding) -> Finding:
+    """``finding`` of a check whose run the script ended before the steps the check needs
+    (``steps_run`` < ``steps_asked`` in its evidence) as "not checked" (info), with the count it
+    reached and the count it needs: a fixed-batch test of 2 steps out of 20 says nothing, and a
+    "cannot fit" from it would mislead. A conclusive finding (it fit, or went non-finite) stays."""
+    ev = finding.evidence
+    run, asked = ev.get("steps_run"), ev.get("steps_asked")
+    if not (isinstance(run, int) and isinstance(asked, int) and 0 < run < asked):
+        return finding
+    if finding.severity == "error" or finding.cause.startswith(("fits one batch", "on one repeated batch the loss")):
+        return finding
+    return Finding(finding.check, "info", f"not checked — the script ended after {run} step(s); it needs {asked}",
+                   ev, f"let the script run at least {asked} optimizer steps (more batches or epochs), or ask for "
+                       f"fewer with --overfit-steps {max(2, run)}" if finding.check == "overfit" else
+                   f"let the script run at least {asked} optimizer steps")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import math
 import os
 import sys
 import time
@@ -126,7 +127,8 @@ class RunsSession:
             self._open_log()
             self.progress = self._given_progress
             if self.progress is None:
-                self.progress = stack.enter_context(Progress(f"bisect runs ({self.cfg.check})", quiet=self.opts.quiet))
+                self.progress = stack.enter_context(Progress(f"bisect runs ({self.cfg.check})", quiet=self.opts.quiet,
+                                                                   lines=True))
             if self.replaced:
                 self.progress.note(f"note: an unfinished session with these arguments ({self.replaced} probes) was "
                                    "replaced; --resume continues one instead (its verdicts stay cached)")
@@ -209,9 +211,10 @@ class RunsSession:
         """--good first (it is the reference for 'match'), then --bad; refuse either when it
         does not probe the way its flag says."""
         cfg, terms, good, bad = self.cfg, self.terms, self.good, self.bad
-        self.progress.update(f"verifying --good {named(good, cfg.good)} and --bad {named(bad, cfg.bad)}")
+        self.progress.phase("endpoints", 2, f"verifying --good {named(good, cfg.good)} and --bad {named(bad, cfg.bad)}")
         jg = self.prober.judge(good)
         self.cached += jg.cached
+        self.progress.probed(None if jg.cached else jg.wall_s, f"--good {short(good)}: {jg.verdict}")
         if jg.verdict == "skip" or (terms == DEFAULT_TERMS and jg.verdict != "good"):
             if jg.output_tail:  # a crash: what the command printed last
                 self.progress.note(output_lines(jg.output_tail))
@@ -227,6 +230,7 @@ class RunsSession:
                 raise ProbeError(f"--good {cfg.good} left no trace to compare against: {jg.reason}")
         jb = self.prober.judge(bad)
         self.cached += jb.cached
+        self.progress.probed(None if jb.cached else jb.wall_s, f"--bad {short(bad)}: {jb.verdict}")
         vb = self._as_term(jb.verdict)
         if vb != "bad":
             what = "could not be tested" if vb == "skip" else f"probes {terms[0]} like --good"
@@ -246,7 +250,7 @@ class RunsSession:
         """Keep ``jobs`` probes in flight until the search has its answer."""
         bis = self._bisection()
         running: dict[cf.Future, str] = {}
-        self.progress.update(f"{len(bis.remaining())} commits left", total=None)
+        self.progress.phase("search", _expected_probes(len(bis.remaining())), f"{len(bis.remaining())} commits left")
         while not bis.done:
             free = self.opts.jobs - len(running)
             if free > 0:
@@ -298,6 +302,7 @@ class RunsSession:
             self.skipped[p] = j.reason
         rnd = bis.log[-1].get("round") if bis.log and bis.log[-1].get("point") == p else None
         self._record(j, "search", v, rnd if isinstance(rnd, int) else None)
+        self.progress.probed(None if j.cached else j.wall_s)
         self.progress.note(probe_line(p, v, self.terms, j.reason))
         if j.output_tail:  # a crash: what the command printed last
             self.progress.note(output_lines(j.output_tail))
@@ -310,7 +315,7 @@ class RunsSession:
             return "skipped"
         fb = found.first_bad
         parent = self._parent(fb)
-        self.progress.update(f"re-checking {short(fb)} and its parent {short(parent)}")
+        self.progress.phase("re-check", 2, f"re-checking {short(fb)} and its parent {short(parent)}")
         # keep full tensors at the step where the cached traces first differ, so the
         # answer can give real magnitudes (max abs / rel, mismatches, ULPs)
         full = tuple(self.cfg.options.full_steps)
@@ -321,6 +326,7 @@ class RunsSession:
         again: dict[str, Judged] = {}
         for fut in cf.as_completed(futs):
             again[futs[fut]] = fut.result()
+            self.progress.probed(again[futs[fut]].wall_s, f"{short(futs[fut])}: {again[futs[fut]].verdict}")
         for j in again.values():
             self._record(j, "recheck", self._as_term(j.verdict))
         vp, vf = self._as_term(again[parent].verdict), self._as_term(again[fb].verdict)
@@ -469,3 +475,8 @@ def _place_of(data: dict[str, Any] | None) -> str | None:
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _expected_probes(candidates: int) -> int:
+    """Probes a bisection of ``candidates`` commits is expected to take: log2 of the range (at least 1)."""
+    return max(1, math.ceil(math.log2(candidates))) if candidates > 1 else 1
