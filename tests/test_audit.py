@@ -188,7 +188,8 @@ def test_resume_checks_name_the_forgotten_component(night):
     # 'forgetful' leaves the scheduler out of its checkpoint: resumed after step 0, its StepLR decays a step late
     assert bug["verdict"] == "diverged" and not bug["passed"], bug["line"]
     assert bug["first_divergence"]["stage"] == "learning rate / scheduler" and bug["first_divergence"]["step"] >= 2
-    assert (night.d / "ok.pt").is_file() and (night.d / "bug.pt").is_file()  # the runs shared the config's folder
+    # each run worked in its own copy of the config's folder (issue 36): nothing was left in it
+    assert not (night.d / "ok.pt").exists() and not (night.d / "bug.pt").exists()
     assert set(bug["traces"]) == {"uninterrupted", "interrupted", "resumed"}  # never an a/b pair: steps do not align
 
 

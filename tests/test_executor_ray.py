@@ -569,9 +569,10 @@ def test_same_answer_as_the_local_executor_through_bisect_runs(cluster, tmp_path
 
 
 def test_resume_runs_share_the_folder_through_a_borrowed_ray_executor(cluster, tmp_path):
-    """bisect resume's three runs through a Ray executor lent by its owner (an audit night): they
-    run in the user's folder (the checkpoint one leaves is what the next loads) without the owner's
-    executor being switched to shared_fs, and the forgotten scheduler is named."""
+    """bisect resume's three runs through a Ray executor lent by its owner (an audit night): each
+    runs in its own copy of the user's folder (the resumed run starts from what the interrupted
+    run left), without the owner's executor being switched to shared_fs; the forgotten scheduler
+    is named and the user's folder keeps no checkpoint of theirs."""
     pytest.importorskip("reprobisect.runners.launch")
     from reprobisect.workflows.resume import check_resume
 
@@ -582,7 +583,7 @@ def test_resume_runs_share_the_folder_through_a_borrowed_ray_executor(cluster, t
                          ["--resume", "c.pt"], at=1, options=opts, cwd=tmp_path)
         assert ex.shared_fs is False
     assert r.verdict == "diverged" and r.finding.component == "learning rate / scheduler", (r.reason, r.runs)
-    assert (tmp_path / "c.pt").is_file()
+    assert not (tmp_path / "c.pt").exists()
 
 
 def test_local_instance_started_and_shut_down(tmp_path):

@@ -32,6 +32,7 @@ the order a step depends on its state:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -379,16 +380,18 @@ def align(a: Trace, c: Trace, at: int) -> Alignment:
     return Alignment(start=start, trace=c2, notes=tuple(notes))
 
 
-def diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
+def diagnose(a: Trace, c: Trace, at: int, *, saved: tuple[dict[str, Any], ...] = ()) -> Finding | None:
     """The first difference between A's steps ``at..`` and C's steps ``0..`` and its component (None: bitwise).
 
     C is aligned first (``align``): batches it drew and discarded to reach its data position are
-    left out, and a resume from an older checkpoint is compared from the step after it."""
+    left out, and a resume from an older checkpoint is compared from the step after it. ``saved``:
+    what the interrupted run's end-of-step code saved (``Reference.saved``), the evidence that
+    tells a scheduler saved before it stepped from one never saved or never loaded."""
     al = align(a, c, at)
-    return _diagnose(a, al.trace, al.start)
+    return _diagnose(a, al.trace, al.start, tuple(saved))
 
 
-def _diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
+def _diagnose(a: Trace, c: Trace, at: int, saved: tuple[dict[str, Any], ...] = ()) -> Finding | None:
     also: list[str] = []
     prev_same = True
     for sc in c.steps:
@@ -407,7 +410,7 @@ def _diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
         if what is None:
             continue
         la, lc = _lightning(sa), _lightning(sc)
-        found = _name(a, c, at, sa, sc, what, bad, prev_same)
+        found = _name(a, c, at, sa, sc, what, bad, prev_same, saved)
         for key, comp in (("global_step", "step counter"), ("batch_idx", "dataloader position"),
                           ("loops", "loop progress"), ("callbacks", "callback state")):
             if la and lc and la.get(key) != lc.get(key) and comp != found[0]:
@@ -417,7 +420,7 @@ def _diagnose(a: Trace, c: Trace, at: int) -> Finding | None:
 
 
 def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: list[str],
-          prev_same: bool) -> tuple[str, str, str]:
+          prev_same: bool, saved: tuple[dict[str, Any], ...] = ()) -> tuple[str, str, str]:
     la, lc = _lightning(sa), _lightning(sc)
     stale = _stale_checkpoint(a, c, at) if bad_init else None
     if stale is not None:
@@ -429,9 +432,10 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                     "counter already counted the step: save after the update (and the scheduler/scaler steps)")
         return ("checkpoint", f"the resumed run starts from the uninterrupted run's parameters after step {stale}, "
                 f"not after step {at - 1}",
-                "the resume loaded a checkpoint of another step: a file the interruption did not overwrite (a stale "
-                "one, or one the command saved under a new name, e.g. Lightning's ModelCheckpoint writes last-v1.ckpt "
-                "next to an existing last.ckpt unless enable_version_counter=False)")
+                "the resume loaded the model of another step: the file it read was last saved after that step (a "
+                "save every few steps, with a step counter taken from elsewhere), or it is another file than the one "
+                "saved after the interruption's step (Lightning's ModelCheckpoint writes last-v1.ckpt next to an "
+                "existing last.ckpt unless enable_version_counter=False)")
     d = _shifted(a, c, at)
     restart = _restarted(a, sc)
     if restart == 0 and sa.batch_ids != sc.batch_ids and sc.step == 0:
@@ -469,16 +473,9 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                 + (f" (and the learning rate: {_lr(sa)!r} vs {_lr(sc)!r})" if _lr(sa) != _lr(sc) else ""),
                 "the optimizer's state (momentum/Adam moments, its param_groups' learning rates) was not "
                 "saved/loaded: save and load optimizer.state_dict() with the checkpoint")
-    if _lr(sa) != _lr(sc):
-        if a.detail == "sentinel":  # no optimizer state recorded: a fresh optimizer's lr looks the same
-            return ("learning rate / scheduler", f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}",
-                    "the LR scheduler's state, or the optimizer's (its param_groups carry the lr), was not "
-                    "saved/loaded; a sentinel trace holds no optimizer state to tell them apart: --detail full does")
-        return ("learning rate / scheduler", f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}",
-                "the LR scheduler's state was not saved/loaded: save scheduler.state_dict() with the checkpoint")
-    if sa.scalars.get("scaler_scale") != sc.scalars.get("scaler_scale"):
-        return ("GradScaler", f"GradScaler scale {sa.scalars.get('scaler_scale')!r} vs {sc.scalars.get('scaler_scale')!r}",
-                "the GradScaler's state (scale, growth tracker) was not saved/loaded: save scaler.state_dict()")
+    lr = _lr_component(a, sa, sc, saved)
+    if lr is not None:
+        return lr
     if la and lc and la.get("batch_idx") != lc.get("batch_idx"):
         return ("dataloader position", f"Lightning batch_idx {la.get('batch_idx')} vs {lc.get('batch_idx')}",
                 "the checkpoint restored the trainer's dataloader position differently (Lightning's batch_idx)")
@@ -496,3 +493,44 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                     f"the checkpoint restored the trainer's {comp} differently (Lightning's {key})")
     return ("other", what, "no state component explains it from what was recorded; compare the traces "
                            "(bisect compare) or record with --detail full")
+
+
+def _lr_component(a: Trace, sa: Step, sc: Step, saved: tuple[dict[str, Any], ...]) -> tuple[str, str, str] | None:
+    """The learning rate / scheduler or the GradScaler, when its scalar differs (None: neither)."""
+    if _lr(sa) != _lr(sc):
+        what = f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}"
+        timing = _scheduler_timing(saved)
+        if timing is not None:
+            return ("learning rate / scheduler", what + timing[0], timing[1])
+        if a.detail == "sentinel":  # no optimizer state recorded: a fresh optimizer's lr looks the same
+            return ("learning rate / scheduler", what,
+                    "the LR scheduler's state, or the optimizer's (its param_groups carry the lr), was not "
+                    "saved/loaded; a sentinel trace holds no optimizer state to tell them apart: --detail full does")
+        return ("learning rate / scheduler", what,
+                "the LR scheduler's state was not saved or not loaded (or saved before it stepped): save "
+                "scheduler.state_dict() after scheduler.step() and load it on resume")
+    if sa.scalars.get("scaler_scale") != sc.scalars.get("scaler_scale"):
+        return ("GradScaler", f"GradScaler scale {sa.scalars.get('scaler_scale')!r} vs {sc.scalars.get('scaler_scale')!r}",
+                "the GradScaler's state (scale, growth tracker) was not saved/loaded: save scaler.state_dict()")
+    return None
+
+
+def _scheduler_timing(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | None:
+    """(what, why) from the interrupted run's last save holding a scheduler (``Reference.saved``):
+    saved before the scheduler stepped, or saved as it was and not loaded; None: no such save seen."""
+    last = next((s for s in reversed(saved) if s.get("schedulers")), None)
+    if last is None:
+        return None
+    name = os.path.basename(last.get("file") or "") or "the checkpoint"
+    sched = last["schedulers"][-1]
+    n, k = last.get("optimizer_steps"), int(last.get("scheduler_steps_after") or 0)
+    if k > 0:
+        return (f"; the checkpoint's scheduler is {'one step' if k == 1 else f'{k} steps'} behind its optimizer",
+                f"saved before the scheduler stepped, not unsaved: the interrupted run saved {name} after "
+                f"{n} optimizer step(s) with the scheduler at last_epoch {sched.get('last_epoch')}, then called "
+                f"scheduler.step() {k} more time(s) before the next step began; the resumed run's schedule is "
+                "one step late. Save after scheduler.step() (or step the scheduler before the save)")
+    return ("; the checkpoint holds the scheduler as it was after its last step",
+            f"the interrupted run saved {name} after {n} optimizer step(s) with the scheduler's state up to date "
+            f"(last_epoch {sched.get('last_epoch')}), yet the resumed run's learning rate differs: the resume did not "
+            "load it (scheduler.load_state_dict), or built the scheduler again after loading the optimizer")
