@@ -13,6 +13,10 @@ each one is given only when the evidence makes its cause plausible:
 ``evaluation_hint``    evaluation that drew from the global RNG moved the training after it
                        (the evaluation before the first differing record of a training
                        forward differed, everything before agreed).
+``cause_candidates``   the causes a re-run can test for two runs of one command that differ
+                       (string hashing, the loader's generator, one thread, deterministic
+                       algorithms, TF op determinism), each with what to hold fixed; the
+                       re-runs are ``reprobisect.workflows.confirm``'s.
 ``lr_note``            a learning-rate / scheduler difference next to a ``param``
                        divergence whose gradients agreed (shown under the divergence).
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,9 @@ __all__ = [
     "lr_note",
     "evaluation_hint",
     "SEED_FIX",
+    "HOLD_VAR",
+    "CauseCandidate",
+    "cause_candidates",
 ]
 
 SEED_FIX = ("seed before building the model (torch.manual_seed(N) / lightning.seed_everything(N) / "
@@ -309,17 +317,20 @@ def hashseed_hint(trace_a: Any, trace_b: Any, comp: Any, *, given: tuple[str | N
         return None
     if _init_differs(comp, trace_a, trace_b):
         return None
-    order_kinds = ("batch", "input")
-    if first.kind in order_kinds or first.verdict == "missing":
-        where = "data order" if first.kind in order_kinds else "which tensors were recorded"
+    if first.kind in _ORDER_KINDS or first.verdict == "missing":
+        where = "data order" if first.kind in _ORDER_KINDS else "which tensors were recorded"
+        what = "the data order" if first.kind in _ORDER_KINDS else "which tensors were recorded"
         if ha is None or hb is None or "random" in (ha, hb):
-            return (f"PYTHONHASHSEED was unset, so the runs hashed strings differently and the first difference is in "
-                    f"{where}; run again with PYTHONHASHSEED=0 exported to rule out set/dict-order effects")
-        return (f"the runs had different PYTHONHASHSEED ({ha} vs {hb}) and the first difference is in {where}: "
-                "string hashing (set/dict order) decides it; iterate in a fixed order (e.g. sorted())")
+            return (f"does string hashing decide {what}? PYTHONHASHSEED was unset, so each run hashed strings "
+                    f"with a seed of its own, and the first difference is in {where}; check: export PYTHONHASHSEED=0 "
+                    "and run again (bisect repro tries this by itself unless --no-confirm)")
+        return (f"does string hashing decide {what}? the runs had different PYTHONHASHSEED ({ha} vs {hb}) and "
+                f"the first difference is in {where}; check: run both with the same PYTHONHASHSEED; if they then "
+                "agree, iterate in a fixed order (e.g. sorted())")
     return None
 
 
+_ORDER_KINDS = ("batch", "input")
 _FORWARD_KINDS = ("batch", "input", "activation", "output", "loss")
 _EVAL_KEYS = ("phase", "forwards", "batches", "samples", "ids_fingerprint")
 
@@ -407,3 +418,170 @@ def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: 
     if hidden:
         out.append(hidden)
     return out
+
+
+# --------------------------------------------------------------------------- causes to test by re-running
+
+HOLD_VAR = "REPROBISECT_HOLD"
+"""The variable naming what ``reprobisect.runners.hold`` holds fixed inside a re-run
+(comma-separated: ``loader_seed``, ``one_thread``, ``deterministic``, ``tf_determinism``)."""
+
+_OUTSIDE_DATA = "something outside the seeds orders the data (the time, the pid, the environment?)"
+_OUTSIDE_MATH = ("something else computes differently (an op without a deterministic implementation, the thread "
+                 "count, the hardware?)")
+_MATH_KINDS = ("activation", "output", "loss", "grad", "param", "optim_state", "collective")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CauseCandidate:
+    """One cause a pair of re-runs can test: hold it fixed, and see whether the runs agree."""
+
+    name: str
+    """``hashseed``, ``loader_seed``, ``one_thread``, ``deterministic`` or ``tf_determinism``."""
+    held: str
+    """What the re-runs hold fixed, as the user would set it (``PYTHONHASHSEED=0``)."""
+    env: dict[str, str]
+    """The variables the re-runs set (``HOLD_VAR`` for what needs the runner)."""
+    question: str
+    """The cause as a question (``does string hashing decide the data order?``)."""
+    cause: str
+    """The cause stated as fact, once a re-run confirmed it."""
+    fix: str
+    """What to change once it is confirmed."""
+    outside: str
+    """What is left to suspect when holding it fixed does not make the runs agree."""
+    hint: str | None = None
+    """The comparison's hint this candidate tests (shown in its place once tested)."""
+
+
+def _hashseed_candidate(hint: str | None) -> CauseCandidate:
+    return CauseCandidate(
+        name="hashseed", held="PYTHONHASHSEED=0", env={"PYTHONHASHSEED": "0"},
+        question="does string hashing (set/dict order, PYTHONHASHSEED) decide the data order?",
+        cause="string hashing (set/dict iteration order) decides the data order",
+        fix="iterate in a fixed order (e.g. sorted()), or export PYTHONHASHSEED=0", outside=_OUTSIDE_DATA, hint=hint)
+
+
+def _hashed_seed_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="hashseed", held="PYTHONHASHSEED=0", env={"PYTHONHASHSEED": "0"},
+        question="does the seed come from string hashing (hash() of a str, PYTHONHASHSEED)?",
+        cause="the seed comes from string hashing (hash() of a str), which PYTHONHASHSEED randomises",
+        fix="derive the seed from a fixed number (or zlib.crc32 of the string), not hash()",
+        outside="something outside the seeds chooses the seed (the time, the pid, the environment?)")
+
+
+def _loader_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="loader_seed", held="a seeded DataLoader generator", env={HOLD_VAR: "loader_seed"},
+        question="does an unseeded DataLoader (its shuffle or its workers' seeds) decide the data order?",
+        cause="the DataLoader's shuffle/worker seeds come from an unseeded generator",
+        fix="give the DataLoader generator=torch.Generator().manual_seed(N) (and a worker_init_fn seeding workers)",
+        outside=_OUTSIDE_DATA)
+
+
+def _thread_candidate() -> CauseCandidate:
+    one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+           "TF_NUM_INTEROP_THREADS": "1", HOLD_VAR: "one_thread"}
+    return CauseCandidate(
+        name="one_thread", held="one thread (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1)", env=one,
+        question="does the thread count change how an op sums (parallel reductions)?",
+        cause="parallel reductions over several threads sum in a varying order",
+        fix="run with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)) where bits must repeat",
+        outside=_OUTSIDE_MATH)
+
+
+def _deterministic_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="deterministic", held="torch.use_deterministic_algorithms(True) (CUBLAS_WORKSPACE_CONFIG=:4096:8)",
+        env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", HOLD_VAR: "deterministic"},
+        question="does a nondeterministic kernel (atomics, a benchmarked algorithm) compute the difference?",
+        cause="a nondeterministic kernel computes differently from run to run",
+        fix="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
+        outside=_OUTSIDE_MATH)
+
+
+def _tf_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="tf_determinism", held="TF op determinism (TF_DETERMINISTIC_OPS=1)",
+        env={"TF_DETERMINISTIC_OPS": "1", HOLD_VAR: "tf_determinism"},
+        question="does a nondeterministic TensorFlow op compute the difference?",
+        cause="a nondeterministic TensorFlow op computes differently from run to run",
+        fix="tf.config.experimental.enable_op_determinism() (or TF_DETERMINISTIC_OPS=1)", outside=_OUTSIDE_MATH)
+
+
+def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: bool = False) -> list[CauseCandidate]:
+    """The causes worth a re-run with each held fixed, most likely (and cheapest) first.
+
+    None when the records already name the cause (the initial parameters differ and no
+    seed was set; evaluation before the step differed). Two runs of one command that
+    recorded different seeds with string hashing randomised: does the seed come from
+    ``hash()``? The data order (``batch``/``input`` first, or a
+    ``missing`` record): string hashing when it was randomised, then the DataLoader's
+    generator when a loader's index stream was recorded. The math of an op, only for two
+    runs of one command (``same_command``: between commits it is the code): TF op
+    determinism for a TensorFlow trace; else deterministic algorithms first on CUDA and one
+    thread first on the CPU. A setting the trace shows in force already is not tried again.
+    """
+    first = getattr(comp, "first", None)
+    if first is None or trace_a is None or trace_b is None:
+        return []
+    if _init_differs(comp, trace_a, trace_b):
+        return _seed_candidates(trace_a, trace_b)
+    if evaluation_hint(trace_a, trace_b, comp):
+        return []
+    if first.kind in _ORDER_KINDS or first.verdict == "missing":
+        out: list[CauseCandidate] = []
+        hint = hashseed_hint(trace_a, trace_b, comp)
+        if hint:
+            out.append(_hashseed_candidate(hint))
+        if first.kind in _ORDER_KINDS and _loader_recorded(trace_a, trace_b, first.step):
+            out.append(_loader_candidate())
+        return out
+    if not same_command or first.kind not in _MATH_KINDS:
+        return []
+    env = getattr(getattr(trace_a, "manifest", None), "environment", None) or {}
+    if isinstance(env.get("tensorflow"), dict):
+        order = [_tf_candidate(), _thread_candidate()]
+    elif _on_cuda(env):
+        order = [_deterministic_candidate(), _thread_candidate()]
+    else:
+        order = [_thread_candidate(), _deterministic_candidate()]
+    return [c for c in order if not _in_force(c.name, env)]
+
+
+def _seed_candidates(trace_a: Any, trace_b: Any) -> list[CauseCandidate]:
+    """The initial parameters differ: the seeds the runs recorded differ, and string hashing
+    was randomised, so ``hash()`` may have chosen them; else the records say it all."""
+    sa, sb = _seed_of(trace_a), _seed_of(trace_b)
+    if sa is None or sb is None or sa == sb:
+        return []
+    ha, hb = _env_var(trace_a, "PYTHONHASHSEED"), _env_var(trace_b, "PYTHONHASHSEED")
+    if ha is None or hb is None or "random" in (ha, hb) or ha != hb:
+        return [_hashed_seed_candidate()]
+    return []
+
+
+def _loader_recorded(trace_a: Any, trace_b: Any, k: int) -> bool:
+    """Both runs recorded a DataLoader's index stream (batch ids) at step ``k``."""
+    sa, sb = _step(trace_a, k), _step(trace_b, k)
+    return sa is not None and sb is not None and sa.batch_ids is not None and sb.batch_ids is not None
+
+
+def _on_cuda(env: dict[str, Any]) -> bool:
+    th = env.get("torch") if isinstance(env.get("torch"), dict) else {}
+    return bool(th.get("devices")) or "cuda" in str((env.get("probe") or {}).get("device", ""))
+
+
+def _in_force(name: str, env: dict[str, Any]) -> bool:
+    """The trace's environment shows the setting ``name`` holds fixed already."""
+    det = env.get("determinism") if isinstance(env.get("determinism"), dict) else {}
+    th = env.get("torch") if isinstance(env.get("torch"), dict) else {}
+    ev = env.get("env_vars") if isinstance(env.get("env_vars"), dict) else {}
+    if name == "deterministic":
+        return det.get("deterministic_algorithms") is True
+    if name == "one_thread":
+        return th.get("num_threads") == 1 or (not th and ev.get("OMP_NUM_THREADS") == "1")
+    if name == "tf_determinism":
+        return ev.get("TF_DETERMINISTIC_OPS") in ("1", "true", "True")
+    return False

@@ -7,14 +7,15 @@ comparison inside is rendered by ``reprobisect.render.comparison``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from reprobisect.render.comparison import render_comparison
 from reprobisect.render.safe import printable_lines
 
-__all__ = ["escalation_json", "escalation_lines", "probe_report_json", "probe_result_json", "render_probe_report",
-           "render_repro", "repro_json"]
+__all__ = ["cause_lines", "escalation_json", "escalation_lines", "probe_report_json", "probe_result_json", "render_probe_report",
+           "render_repro", "repro_json", "without_answered_hints"]
 
 
 def probe_result_json(r: Any) -> dict[str, Any]:
@@ -65,14 +66,33 @@ def render_repro(result: Any) -> str:
     else:
         i, comp = first
         lines.append(f"NOT deterministic: run {i} differs from run 0 ({_tol_text(result.tolerance)})")
-        lines.append(render_comparison(comp))
+        lines.append(render_comparison(without_answered_hints(comp, result)))
         lines += escalation_lines(getattr(result, "escalation", None))
+        lines += cause_lines(getattr(result, "confirmations", ()))
+        if result.flakiness and getattr(result, "confirmed", None) is not None:
+            lines.append("note: the difference did not show in every run, so one agreeing pair of re-runs is weak "
+                         f"evidence; to be sure: {result.confirmed.check.replace('--runs 2', '--runs 5')}")
         if result.flakiness:
             lines.append(f"note: {result.flakiness}")
         # hint: lines come with the comparison (reprobisect.core.hints: only what the evidence supports)
         if not all(r.trace_dir and Path(r.trace_dir).exists() for r in result.runs):
             lines.append("(the traces were temporary; pass --keep or -o DIR to keep them for bisect compare)")
     return printable_lines("\n".join(lines))
+
+
+def cause_lines(confirmations: Any) -> list[str]:
+    """One line per candidate cause (``workflows.confirm.Confirmation``): ``confirmed: ...`` and
+    ``not this: ...`` as they are, an untested one as a ``hint:`` question with its check."""
+    return [c.text if c.agreed is not None else f"hint: {c.text}" for c in confirmations or ()]
+
+
+def without_answered_hints(comp: Any, result: Any) -> Any:
+    """``comp`` without the hints its confirmations answer (they are shown in their place)."""
+    answered = {c.hint for c in getattr(result, "confirmations", ()) or () if c.hint}
+    hints = tuple(getattr(comp, "hints", ()) or ())
+    if not answered or not dataclasses.is_dataclass(comp) or not any(h in answered for h in hints):
+        return comp
+    return dataclasses.replace(comp, hints=tuple(h for h in hints if h not in answered))
 
 
 def escalation_lines(esc: Any) -> list[str]:
@@ -135,5 +155,6 @@ def repro_json(result: Any) -> dict[str, Any]:
         "comparisons": [c.to_json() if hasattr(c, "to_json") else str(c) for c in result.comparisons],
         "places": list(result.places),
         "flakiness": result.flakiness or None,
+        "causes": [c.to_json() for c in getattr(result, "confirmations", ()) or ()],
         **escalation_json(getattr(result, "escalation", None)),
     }

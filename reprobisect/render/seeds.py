@@ -25,6 +25,9 @@ def render_seed_map(m: Any) -> str:
         seen = f" (sentinel: {d.sentinel})" if getattr(d, "sentinel", None) else ""
         lines.append(f"first difference between seeds {m.seeds[0]} and {m.seeds[1]}: step {d.step}, {d.kind} '{d.name}'{seen}")
         lines += escalation_lines(getattr(m, "escalation", None))
+    control = getattr(m, "control", None)
+    if control is not None:
+        lines.append(control.text)
     if m.flags:
         lines.append("flags:")
         lines += [f"  ! {f}" for f in m.flags]
@@ -50,5 +53,6 @@ def seed_map_json(m: Any) -> dict[str, Any]:
         "noise_floor": [s.to_json() for s in m.noise_floor] if m.noise_floor is not None else None,
         "first_divergence": fd.to_json() if hasattr(fd, "to_json") else None,
         "runs": [probe_result_json(r) for r in m.runs],
+        "control": m.control.to_json() if getattr(m, "control", None) is not None else None,
         **escalation_json(getattr(m, "escalation", None)),
     }

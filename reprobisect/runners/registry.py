@@ -103,3 +103,21 @@ def _activate_keras(run: Any) -> Any:
 
 register("tensorflow", ("tensorflow", "keras"), _activate_tensorflow)
 register("keras", "keras", _activate_keras)
+
+
+def _activate_hold_torch(run: Any) -> Any:
+    """What a confirming re-run holds fixed in torch (``reprobisect.runners.hold``); no recorder."""
+    from reprobisect.runners import hold
+
+    return hold.activate_torch(run)
+
+
+def _activate_hold_tensorflow(run: Any) -> Any:
+    """What a confirming re-run holds fixed in TensorFlow (``reprobisect.runners.hold``); no recorder."""
+    from reprobisect.runners import hold
+
+    return hold.activate_tensorflow(run)
+
+
+register("hold-torch", "torch", _activate_hold_torch)
+register("hold-tensorflow", "tensorflow", _activate_hold_tensorflow)

@@ -15,6 +15,9 @@ first divergence under the ``default`` tolerance (per dtype) unless told otherwi
 A value containing a comma can be written with ``\\,``. With ``--detail sentinel`` the first
 difference is escalated (``reprobisect.workflows.escalate``): both sides are replayed under
 their own environments with full detail from the last state before it (``EnvsResult.escalation``).
+The environment difference is the experiment; when a hint names another cause (string
+hashing, an unseeded loader), both sides are re-run with it held fixed to test it
+(``reprobisect.workflows.confirm``, ``EnvsResult.confirmations``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from reprobisect.executors.retry import retry
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import read_rank0
 from reprobisect.workflows.escalate import Escalation, escalate_or_why
-from reprobisect.workflows.repro import _failed, spec_for
+from reprobisect.core.hints import cause_candidates
+from reprobisect.workflows.confirm import Confirmation, confirm_causes, untested
+from reprobisect.workflows.repro import DEFAULT_CONFIRM_MAX, _failed, spec_for
 
 __all__ = ["EnvSpec", "EnvsResult", "parse_env_spec", "apply_template", "run_envs"]
 
@@ -122,14 +127,25 @@ class EnvsResult:
     """With ``--detail sentinel``: the full chain where the sides first differ, from replays of
     both under their own environments (``reprobisect.workflows.escalate``); None when they agree
     or recorded full detail."""
+    confirmations: tuple[Confirmation, ...] = ()
+    """When the sides differ and a hint names a cause other than the environment difference
+    (string hashing, the loader's generator): both sides re-run with it held fixed
+    (``reprobisect.workflows.confirm``). A variable a SPEC sets is the experiment itself: never
+    held fixed over it."""
 
     def __bool__(self) -> bool:
         return bool(self.comparison)
 
 
 def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
-             cwd: str | os.PathLike | None = None) -> EnvsResult:
-    """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance)."""
+             cwd: str | os.PathLike | None = None, confirm: bool = False,
+             confirm_max: int = DEFAULT_CONFIRM_MAX) -> EnvsResult:
+    """Probe ``argv`` under SPEC ``a`` and SPEC ``b`` and compare (default tolerance).
+
+    The environment difference is the experiment. When the sides differ and a hint names
+    another cause (``cause_candidates``), ``confirm`` re-runs both sides with it held fixed
+    (two more runs per candidate, at most ``confirm_max``; ``bisect envs`` does unless
+    ``--no-confirm``, the library only when asked)."""
     sa, sb = parse_env_spec(a, "a"), parse_env_spec(b, "b")
     argv_a, argv_b = apply_template(argv, sa, "a"), apply_template(argv, sb, "b")
     tag = uuid.uuid4().hex[:8]
@@ -152,4 +168,20 @@ def run_envs(argv: list[str], options: ProbeOptions, *, a: str, b: str,
         tol = options.tolerance_for("default")
         comp = compare_results(results[0], results[1], tol)
         esc = escalate_or_why(comp, results[0], results[1], ex, tol)
-    return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp, escalation=esc)
+        found = _other_causes((results[0], results[1]), (ta, tb), comp, (sa, sb), ex, tol, confirm=confirm,
+                              confirm_max=confirm_max, note=None if options.quiet else p.note)
+    return EnvsResult(a=sa, b=sb, runs=(results[0], results[1]), env_changes=changes, comparison=comp, escalation=esc,
+                      confirmations=found)
+
+
+def _other_causes(pair: tuple[ProbeResult, ProbeResult], traces: tuple[Any, Any], comp: Comparison,
+                  specs: tuple[EnvSpec, EnvSpec], ex: Any, tol: Any, *, confirm: bool, confirm_max: int,
+                  note: Any) -> tuple[Confirmation, ...]:
+    """Candidate causes besides the environment difference, tested (or, unconfirmed, asked)."""
+    if comp:
+        return ()
+    mine = set(specs[0].env) | set(specs[1].env)
+    candidates = [c for c in cause_candidates(traces[0], traces[1], comp) if not set(c.env) & mine]
+    if not confirm:
+        return tuple(untested(c, pair[0].spec.argv, "not tried") for c in candidates)
+    return confirm_causes(pair, candidates, ex, tol, max_tries=confirm_max, note=note)

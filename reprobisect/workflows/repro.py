@@ -4,7 +4,8 @@
 git already checked the commit out, so no worktree) and judges it with one predicate,
 giving git bisect's exit codes. ``run_repro`` runs the same command N times in the
 user's folder (in parallel when the executor has several jobs) and compares every run to
-the first: identical, or the first nondeterministic tensor.
+the first: identical, or the first nondeterministic tensor; when they differ, it tests the
+candidate causes by re-running the pair with each held fixed (``reprobisect.workflows.confirm``).
 
 Both return frozen result values (truthy when they pass); the commands render them
 with ``reprobisect.render.repro`` (text and ``--json``).
@@ -28,7 +29,9 @@ from reprobisect.core.verdict import CHECKS, Verdict, classify, compare_results
 from reprobisect.executors.anycommand import port_in_use
 from reprobisect.executors.retry import retry, run_with_retry
 from reprobisect.render.runs import divergence_place
+from reprobisect.workflows.confirm import Confirmation, confirm_causes, untested
 from reprobisect.workflows.escalate import Escalation, escalate, escalate_or_why, not_replayable
+from reprobisect.core.hints import cause_candidates
 from reprobisect.support.progress import progress
 from reprobisect.trace.ranks import open_ranks, read_rank0
 
@@ -154,9 +157,18 @@ class ReproResult:
     escalation: Escalation | None = None
     """With ``--detail sentinel``: the full chain at the first difference, from replays
     (``reprobisect.workflows.escalate``); None when the runs agree or recorded full detail."""
+    confirmations: tuple[Confirmation, ...] = ()
+    """When the runs differ: each candidate cause and what re-running the pair with it held
+    fixed showed (``reprobisect.workflows.confirm``), in the order tried; untested ones
+    (``--no-confirm``, the cap) are questions. Empty when the runs agree or nothing is a candidate."""
 
     def __bool__(self) -> bool:
         return all(bool(c) for c in self.comparisons)
+
+    @property
+    def confirmed(self) -> Confirmation | None:
+        """The candidate cause a re-run confirmed, or None."""
+        return next((c for c in self.confirmations if c), None)
 
     @property
     def deterministic(self) -> bool:
@@ -214,17 +226,29 @@ only (measured: a script whose difference shows in about half its runs was misse
 two runs; three caught it)."""
 
 
+DEFAULT_CONFIRM_MAX = 3
+"""Candidate causes ``repro`` tests at most (two runs each) unless told otherwise."""
+
+
 def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUNS, hashseed_differ: bool = False,
-              cwd: str | os.PathLike | None = None) -> ReproResult:
+              cwd: str | os.PathLike | None = None, confirm: bool = False,
+              confirm_max: int = DEFAULT_CONFIRM_MAX) -> ReproResult:
     """Run ``argv`` ``runs`` times in ``cwd`` (default: here) and compare each run to the first.
 
     With ``hashseed_differ`` run i gets ``PYTHONHASHSEED=i`` (exposes set/dict-order
     bugs); otherwise the runs inherit the user's environment unchanged. Tolerance:
     ``options.tolerance_for('bitwise')``. A run that cannot produce a trace (crash,
     skip, timeout) is a ``ProbeError``: there is nothing to compare.
+
+    When the runs differ, the candidate causes (``cause_candidates``) are tested, at most
+    ``confirm_max`` of them, two more runs each (``reprobisect.workflows.confirm``); with
+    ``confirm`` False (the library's default: the doctor and audits keep their cost; ``bisect
+    repro`` confirms unless ``--no-confirm``) they are only named, as questions with the check to make.
     """
     if runs < 2:
         raise UsageError(f"--runs must be at least 2 (got {runs})")
+    if confirm_max < 0:
+        raise UsageError(f"--confirm-max must be 0 or more (got {confirm_max})")
     tol = options.tolerance_for("bitwise")
     tag = uuid.uuid4().hex[:8]
     seeds: list[str | None] = [str(i) if hashseed_differ else None for i in range(runs)]
@@ -254,5 +278,20 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
         env_set = _env_settings(results[0].trace_dir)
         first = next((i for i, c in enumerate(comps) if not c), None)
         esc = escalate(comps[first], results[0], results[first + 1], ex, tol) if first is not None else None
+        found = () if first is None else _causes(
+            (results[0], results[first + 1]), comps[first], ex, tol, confirm=confirm, confirm_max=confirm_max,
+            note=None if options.quiet else p.note)
     return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds),
-                       environment_set=env_set, escalation=esc)
+                       environment_set=env_set, escalation=esc, confirmations=found)
+
+
+def _causes(pair: tuple[ProbeResult, ProbeResult], comp: Comparison, ex: Any, tol: Tolerance, *, confirm: bool,
+            confirm_max: int, note: Any) -> tuple[Confirmation, ...]:
+    """The candidate causes of ``pair``'s difference, tested unless ``confirm`` is False."""
+    ta = read_rank0(pair[0].trace_dir, allow_incomplete=True)
+    tb = read_rank0(pair[1].trace_dir, allow_incomplete=True)
+    candidates = cause_candidates(ta, tb, comp, same_command=True)
+    where = place(comp)
+    if not confirm:
+        return tuple(untested(c, pair[0].spec.argv, "not tried", where) for c in candidates)
+    return confirm_causes(pair, candidates, ex, tol, max_tries=confirm_max, original=where, note=note)

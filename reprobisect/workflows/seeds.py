@@ -66,6 +66,7 @@ __all__ = [
     "COMPONENTS",
     "ComponentSensitivity",
     "NoiseFloorStep",
+    "SeedControl",
     "SeedMap",
     "substitute_seed",
     "parse_seeds",
@@ -165,13 +166,65 @@ class SeedMap:
     escalation: Escalation | None = None
     """With ``--detail sentinel``: the full chain where the first two seeds first differ, from
     replays of both (``reprobisect.workflows.escalate``); None when they agree or recorded full detail."""
+    control: "SeedControl | None" = None
+    """The first seed run a second time: whether what changed between seeds changes without a
+    seed change too (None: not run, e.g. nothing changed)."""
 
     def __bool__(self) -> bool:
         return not self.flags
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return tuple(c.flag for c in self.components if c.flag)
+        own = (self.control.flag,) if self.control is not None and self.control.flag else ()
+        return tuple(c.flag for c in self.components if c.flag) + own
+
+
+@dataclass(frozen=True)
+class SeedControl:
+    """The control experiment behind "changes with the seed": the first seed, run twice.
+
+    A component that differs between seeds 0 and 1 follows the seed only if two runs of seed
+    0 agree on it; a shuffle seeded from the clock differs between seeds and between two runs
+    of one seed alike. Truthy when the two runs of one seed agree."""
+
+    seed: str
+    agreed: bool | None
+    """True: the same seed gives identical runs; False: they differ; None: not run (``reason``)."""
+    first_difference: str | None = None
+    """``step S · kind · name`` where two runs of the same seed first differ."""
+    unstable: tuple[str, ...] = ()
+    """Components that changed between the seeds and also between two runs of the same seed."""
+    reason: str = ""
+    check: str = ""
+    """The command that tests why a run of one seed does not repeat (``bisect repro``)."""
+
+    def __bool__(self) -> bool:
+        return self.agreed is True
+
+    @property
+    def text(self) -> str:
+        """One line: confirmed, not (only) the seed, or the question with its check."""
+        if self.agreed is True:
+            return f"confirmed: seed {self.seed} run twice gives identical runs, so the changes above follow the seed"
+        if self.agreed is False:
+            what = ", ".join(self.unstable) if self.unstable else "the run"
+            verb = "change" if len(self.unstable) > 1 else "changes"
+            return (f"not (only) the seed: seed {self.seed} run twice differs too (first difference at "
+                    f"{self.first_difference}); {what} {verb} without a seed change; check why: {self.check}")
+        return (f"hint: does each change above follow the seed, or would it change anyway? check: {self.check}"
+                + (f" ({self.reason})" if self.reason else ""))
+
+    @property
+    def flag(self) -> str | None:
+        """A flag when one seed does not repeat itself (the map cannot tell seed from noise there)."""
+        if self.agreed is not False:
+            return None
+        return (f"seed {self.seed} does not repeat itself (first difference at {self.first_difference}): "
+                "a 'changed' above may not be the seed's doing")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "agreed": self.agreed, "first_difference": self.first_difference,
+                "unstable": list(self.unstable), "reason": self.reason or None, "check": self.check, "text": self.text}
 
     def component(self, name: str) -> ComponentSensitivity:
         for c in self.components:
@@ -473,7 +526,7 @@ def seed_map(traces: list[Trace], seeds: tuple[str, ...]) -> tuple[ComponentSens
         if c == "loss" and status == "changed":
             upstream = [merged[u].status for u in ("init", "data_order", "augmentation", "dropout")]
             if all(s in ("unchanged", "absent") for s in upstream):
-                return "the loss changes with the seed although nothing recorded upstream does: a seed-dependent loss term or an unhooked random op"
+                return "the loss changes with the seed although nothing recorded upstream does: a seed-dependent loss term or an unhooked random op?"
         if c == "loss" and status == "unchanged":
             upstream = [merged[u].status for u in ("init", "data_order", "augmentation", "dropout")]
             if "changed" in upstream:
@@ -529,13 +582,18 @@ def noise_floor(traces: list[Trace]) -> tuple[NoiseFloorStep, ...]:
 
 
 def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] | str,
-              noise: bool = False, cwd: str | os.PathLike | None = None) -> SeedMap:
+              noise: bool = False, cwd: str | os.PathLike | None = None, confirm: bool = False) -> SeedMap:
     """Probe ``argv`` once per seed (``{seed}`` substituted) and map seed sensitivity.
 
     ``noise`` (3 seeds or more) adds the per-step noise floor. A seed whose probe
     produced no trace is a ``ProbeError`` naming it. Unless ``options.full_steps`` says
     otherwise, step 0's full tensors are kept: without them init and augmentation cannot
     be told apart from data order whenever the data order follows the seed.
+
+    When a component changed between seeds, ``confirm`` runs the first seed once more (the
+    control: ``SeedControl``): what also changes between two runs of one seed does not follow
+    the seed (``bisect seeds`` does unless ``--no-confirm``; the library only when asked).
+    With ``confirm`` False the map says it was not checked.
     """
     if not options.full_steps:
         options = replace(options, full_steps=(0,))
@@ -563,5 +621,35 @@ def run_seeds(argv: list[str], options: ProbeOptions, *, seeds: tuple[str, ...] 
         nf = noise_floor(traces) if noise else None
         first = compare_results(results[0], results[1], "bitwise")
         esc = escalate_or_why(first, results[0], results[1], ex, "bitwise")
+        control = _control(ex, results[0], traces[0], comps, seeds[0], argv, confirm=confirm,
+                           note=None if options.quiet else p.note)
     return SeedMap(seeds=seeds, components=comps, runs=tuple(results), noise_floor=nf, first_divergence=first,
-                   escalation=esc)
+                   escalation=esc, control=control)
+
+
+def _control(ex: Any, run: ProbeResult, trace: Trace, comps: tuple[ComponentSensitivity, ...], seed: str,
+             argv: list[str], *, confirm: bool, note: Any) -> SeedControl | None:
+    """Run ``seed`` again when a component changed between seeds; None when nothing changed."""
+    import shlex
+
+    from reprobisect.render.runs import divergence_place
+
+    changed = [c.component for c in comps if c.status == "changed"]
+    if not changed:
+        return None
+    check = f"bisect repro --runs 2 -- {shlex.join(substitute_seed(argv, seed))}"
+    if not confirm:
+        return SeedControl(seed=seed, agreed=None, reason="no control run made", check=check)
+    if note is not None:
+        note(f"confirm: running seed {seed} once more, to tell the seed's changes from run-to-run ones (1 more run)")
+    again = retry(ex, ex.submit(replace(run.spec, key=f"{run.spec.key}-control", attempt=0)).result())
+    if not again.outcome:
+        return SeedControl(seed=seed, agreed=None, reason=f"not tested: the control run ended {again.outcome.status}",
+                           check=check)
+    comp = compare_results(run, again, "bitwise")
+    if comp:
+        return SeedControl(seed=seed, agreed=True, check=check)
+    same = seed_map([trace, read_rank0(again.trace_dir, allow_incomplete=True)], (seed, seed))
+    unstable = tuple(c.component for c in same if c.status == "changed" and c.component in changed)
+    return SeedControl(seed=seed, agreed=False, first_difference=divergence_place(comp, structure_only="structure"),
+                       unstable=unstable, check=check)

@@ -15,6 +15,7 @@ from reprobisect.core.options import ProbeOptions
 from reprobisect.exitcodes import ExitCode
 from reprobisect.render import envs_json, render_envs
 from reprobisect.workflows.envs import run_envs
+from reprobisect.workflows.repro import DEFAULT_CONFIRM_MAX
 
 __all__ = ["command"]
 
@@ -26,11 +27,18 @@ __all__ = ["command"]
 )
 @click.option("--a", "spec_a", required=True, help="Side a: python=PATH,env.NAME=VALUE,NAME=VALUE.")
 @click.option("--b", "spec_b", required=True, help="Side b, same form.")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="When the sides differ and a hint names a cause besides the environment difference (string "
+                   "hashing, an unseeded DataLoader), re-run both sides with it held fixed: 2 more runs per "
+                   "candidate tried. --no-confirm only names them, as questions.")
+@click.option("--confirm-max", type=click.IntRange(min=0), default=DEFAULT_CONFIRM_MAX, show_default=True,
+              help="Test at most this many candidate causes (2 runs each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def command(options: ProbeOptions, spec_a: str, spec_b: str, as_json: bool, cmd: tuple[str, ...]) -> int:
+def command(options: ProbeOptions, spec_a: str, spec_b: str, confirm: bool, confirm_max: int, as_json: bool,
+            cmd: tuple[str, ...]) -> int:
     """Compare one command under two environments."""
-    result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b)
+    result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b, confirm=confirm, confirm_max=confirm_max)
     click.echo(json.dumps(envs_json(result), indent=2) if as_json else render_envs(result))
     return ExitCode.OK if result else ExitCode.DIFFER

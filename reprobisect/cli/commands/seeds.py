@@ -22,15 +22,19 @@ __all__ = ["command"]
 @click.command(name="seeds", epilog="Example: bisect seeds --seeds 0,1 -- python train.py --seed {seed}")
 @click.option("--seeds", "seeds", default="0,1", show_default=True, help="Comma-separated seeds, substituted for {seed}.")
 @click.option("--noise-floor", is_flag=True, help="Per-step spread of loss and grad norm across seeds (3+ seeds).")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="When a component changes between seeds, run the first seed once more (1 more run) to tell "
+                   "the seed's changes from changes every run makes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @probe_options
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def command(options: ProbeOptions, seeds: str, noise_floor: bool, as_json: bool, cmd: tuple[str, ...]) -> int:
+def command(options: ProbeOptions, seeds: str, noise_floor: bool, confirm: bool, as_json: bool,
+            cmd: tuple[str, ...]) -> int:
     """Run the command once per seed and map which components change with it.
 
     Full tensors of step 0 are kept (unless --full-steps is given) so that init and
     augmentation can be separated from data order.
     """
-    result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor)
+    result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor, confirm=confirm)
     click.echo(json.dumps(seed_map_json(result), indent=2) if as_json else render_seed_map(result))
     return ExitCode.OK if result else ExitCode.DIFFER

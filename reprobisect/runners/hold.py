@@ -1,0 +1,89 @@
+"""What a confirming re-run holds fixed inside the user's process (``REPROBISECT_HOLD``).
+
+``bisect repro`` tests a candidate cause of two runs that differ by re-running the pair
+with that cause held fixed (``reprobisect.workflows.confirm``). What an environment
+variable can hold fixed (``PYTHONHASHSEED``, ``OMP_NUM_THREADS``, ``TF_DETERMINISTIC_OPS``)
+it sets itself; what needs a call inside the process is named in ``REPROBISECT_HOLD``
+(comma-separated) and done here, right after the script imports the framework:
+
+``loader_seed``     every ``torch.utils.data.DataLoader`` built without ``generator=`` gets
+                    ``torch.Generator().manual_seed(0)`` (its shuffle and its workers' seeds)
+``one_thread``      ``torch.set_num_threads(1)`` (and one inter-op thread where still allowed)
+``deterministic``   ``torch.use_deterministic_algorithms(True)``, cuDNN deterministic, no benchmark
+``tf_determinism``  ``tf.config.experimental.enable_op_determinism()``
+
+Unlike the recorders (which only observe), this changes the run on purpose: it is set only
+for confirming re-runs, never for the runs being judged. Registered in
+``reprobisect.runners.registry`` (triggers ``torch`` and ``tensorflow``); without the
+variable it does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from reprobisect.core.hints import HOLD_VAR
+
+__all__ = ["HOLDS", "held", "activate_torch", "activate_tensorflow"]
+
+HOLDS = ("loader_seed", "one_thread", "deterministic", "tf_determinism")
+"""What ``REPROBISECT_HOLD`` may name."""
+
+_GENERATOR_POSITION = 12
+"""``generator`` is the DataLoader's 13th positional parameter (``dataset`` first)."""
+
+
+def held() -> frozenset[str]:
+    """What this process's ``REPROBISECT_HOLD`` names (unknown names are ignored)."""
+    return frozenset(h.strip() for h in os.environ.get(HOLD_VAR, "").split(",") if h.strip() in HOLDS)
+
+
+def activate_torch(run: Any) -> None:
+    """Hold fixed what ``REPROBISECT_HOLD`` names for torch; returns None (no recorder)."""
+    holds = held()
+    if not holds & {"loader_seed", "one_thread", "deterministic"}:
+        return None
+    import torch  # imported by the script already: this is its activation
+
+    if "loader_seed" in holds:
+        _seed_loaders(torch)
+    if "one_thread" in holds:
+        torch.set_num_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # parallel work started already: the intra-op count is what sums
+            pass
+    if "deterministic" in holds:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return None
+
+
+def _seed_loaders(torch: Any) -> None:
+    """Give every DataLoader built without a generator one seeded with 0."""
+    cls = torch.utils.data.DataLoader
+    original = cls.__init__
+    if getattr(original, "_reprobisect_hold", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) <= _GENERATOR_POSITION and kwargs.get("generator") is None:
+            kwargs["generator"] = torch.Generator().manual_seed(0)
+        original(self, *args, **kwargs)
+
+    __init__._reprobisect_hold = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def activate_tensorflow(run: Any) -> None:
+    """TF op determinism when ``REPROBISECT_HOLD`` names it; returns None (no recorder)."""
+    if "tf_determinism" not in held():
+        return None
+    import tensorflow as tf  # imported by the script already
+
+    tf.config.experimental.enable_op_determinism()
+    return None
