@@ -275,9 +275,9 @@ def test_without_tensors_a_small_difference_is_never_called_close(tmp_path):
     c = compare_traces(a, b, Tolerance(mode="default"))
     assert not c
     d = c.first.diff
-    assert d.verdict == "diverged" and d.source == "fingerprint"
-    assert "bits differ; no tensors stored to measure" in d.detail
-    assert "no tensors stored to measure" in str(c)
+    assert d.verdict == "inconclusive" and d.source == "fingerprint"  # never close, never an unmeasured "diverged"
+    assert "bits differ, size not measured (no tensor stored)" in d.detail
+    assert c.verdict == "inconclusive" and "verdict: INCONCLUSIVE at step 1" in str(c)
 
 
 def test_without_tensors_stats_prove_a_large_difference(tmp_path):

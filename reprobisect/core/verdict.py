@@ -3,7 +3,8 @@
 A search asks one of three predicates of each point (``CHECKS``): ``match`` (the trace
 equals a reference), ``repro`` (two runs at the same point agree) or ``finite`` (no
 NaN/Inf). An ending that is not evidence about the code (``Outcome.is_evidence`` false:
-skip, no_steps, timeout, infra) is always ``skip``. ``compare_results`` compares two
+skip, no_steps, timeout, infra) is always ``skip``, and so is a comparison whose only
+differences are unmeasured (``inconclusive``): ``bad`` needs a measured divergence. ``compare_results`` compares two
 probes' traces; ``summarize`` names a comparison's first divergence in one line.
 
 Core: NumPy records only, no ML framework, no executor. A result is anything with the
@@ -212,8 +213,16 @@ def _repro(result: Judged, reference: Any, tolerance: Any, check: str) -> Verdic
 
 
 def _from_comparison(comp: Any, check: str, good: str, bad: str) -> Verdict:
+    """Good when ``comp`` agrees; bad only for a measured divergence. Bits that differ by an
+    unmeasured amount (``inconclusive``: no tensor stored, the stats prove nothing) are not
+    evidence either way: ``skip`` (git bisect's 125) with the reason and how to measure."""
     if bool(comp):
         return Verdict(VerdictKind.GOOD, good, comparison=comp, check=check)
+    if getattr(comp, "verdict", "") == "inconclusive":
+        d = comp.first
+        why = (f"inconclusive: {bad} in bits at step {d.step}, {d.kind} '{d.name}', by an amount nothing measured "
+               f"(no tensor stored); re-run with --full-steps {d.step} or a bitwise tolerance")
+        return Verdict(VerdictKind.SKIP, why, comparison=comp, check=check)
     return Verdict(VerdictKind.BAD, f"{bad}: {summarize(comp)}", comparison=comp, check=check)
 
 

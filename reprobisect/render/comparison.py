@@ -109,6 +109,7 @@ _LOC = {
     "propagation": "propagation of an earlier difference",
     "unknown": "module inputs were not recorded: origin unknown",
     "first": "first broken link",
+    "followed_init": "followed the initial parameters, which already differ in this step",
     "arrival": ("arrived through a collective: its input agrees on both sides on this rank, its output does not "
                 "(another rank's input differs)"),
 }
@@ -224,6 +225,7 @@ def render_comparison(c: Any, *, verbose: bool = False) -> str:
         return printable_lines("\n".join(lines))
     lines.extend(_first_lines(c))
     lines.append("  " + render_divergence(c.first, with_localization=True))
+    lines.extend(_followed_lines(c))
     explanation = getattr(c, "explanation", "")
     if explanation:
         lines.append(f"    ↳ likely explanation: {explanation}")
@@ -252,9 +254,36 @@ def render_comparison(c: Any, *, verbose: bool = False) -> str:
     what = sentinel_text(c.first) if getattr(c.first, "sentinel", None) else f"{c.first.kind} {printable(c.first.name)}"
     if getattr(c.first, "rank", None) is not None:
         what = f"rank {c.first.rank}, {what}"
-    lines.append(f"verdict: DIVERGED at step {c.first.step} ({what})")
+    lines.extend(_verdict_lines(c, what))
     lines.extend(f"hint: {h}" for h in getattr(c, "hints", ()))
     return printable_lines("\n".join(lines))
+
+
+def _followed_lines(c: Any) -> list[str]:
+    """Under a first divergence in the initial parameters: the data order that differs in
+    the same step, as what followed (a question about why, never a cause stated as fact)."""
+    after = [d for d in getattr(c, "next", ()) if getattr(d, "localization", "") == "followed_init"]
+    if not after or c.first.kind != "init":
+        return []
+    d = after[0]
+    return [f"    ↳ then the data order differs too (step {d.step}: {d.diff.detail}): it followed the "
+            "initialisation — did the initialisation draw from the global RNG before the loader shuffled?"]
+
+
+def _verdict_lines(c: Any, what: str) -> list[str]:
+    """The verdict of a comparison with a first divergence: DIVERGED only when something was
+    measured beyond the tolerance; INCONCLUSIVE (with how to measure) when bits differ and
+    nothing sized the difference (``Comparison.unmeasured``)."""
+    step = c.first.step
+    if getattr(c, "verdict", "diverged") == "inconclusive":
+        return [f"verdict: INCONCLUSIVE at step {step} ({what}): bits differ, size not measured (no tensor stored); "
+                f"re-run with --full-steps {step} or compare --zoom"]
+    lines = [f"verdict: DIVERGED at step {step} ({what})"]
+    if c.first.verdict == "inconclusive":
+        measured = getattr(c, "first_measured", None)
+        where = f": {render_divergence(measured)}" if measured is not None else " later in the run"
+        lines.append(f"  (the first difference is not measured; the first one measured beyond the tolerance{where})")
+    return lines
 
 
 def comparison_json(c: Any, zoom: Any = None) -> dict[str, Any]:

@@ -35,11 +35,12 @@ def _chain_key(d: Divergence, rank: int, t: Trace | None = None) -> tuple[Any, .
 
     Chain order is the record's place in its step (``Record.order``: the recorder writes a
     step's records in chain order, a collective of the forward before the activation it
-    feeds); batch IDs come first, the step's scalars just before its first gradient
+    feeds); batch IDs come first (after the initial parameters), the step's scalars just before its first gradient
     (where the walk compares them), a missing step last. Without an order, the kind's place."""
     step = t.step(d.step) if t is not None else None
-    if d.kind == "batch" and d.name == _BATCH_IDS:
-        pos = -1.0
+    if d.kind == "batch" and d.name == _BATCH_IDS:  # after the step's init records, as the walk judges them
+        inits = [r.order for r in step.records if r.kind == "init" and r.order >= 0] if step is not None else []
+        pos = max(inits) + 0.5 if inits else -1.0
     elif d.kind == "scalar":
         pos = _SCALAR_RANK - 0.5
         if step is not None:
@@ -138,6 +139,7 @@ def compare_ranked(ta: Mapping[int, Trace], tb: Mapping[int, Trace], tolerance: 
         steps_compared=max(c.steps_compared for c in per.values()),
         records_compared=sum(c.records_compared for c in per.values()),
         first=first, next=tuple(divs[1:1 + _MAX_NEXT]), divergences=sum(c.divergences for c in per.values()),
+        unmeasured=sum(c.unmeasured for c in per.values()),
         per_step=tuple(StepSummary(k, *v) for k, v in sorted(per_step.items())),
         structure="; ".join(structure), note="; ".join(notes),
         tensors_read=sum(c.tensors_read for c in per.values()), bytes_read=sum(c.bytes_read for c in per.values()),

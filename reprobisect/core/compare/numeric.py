@@ -5,9 +5,10 @@ reading a tensor. When fingerprints differ, the tolerance decides: full tensors 
 sides stored them) give max abs / max rel error, mismatch count, first mismatching index
 and ULP distance, measured chunk by chunk in bounded memory (NaN by position, -0.0 equal
 to 0.0 under a value tolerance); otherwise the recorded stats are used, and only when
-they prove the difference exceeds the tolerance; a difference the stats cannot size is
-reported as diverged ("bits differ; no tensors stored to measure"), never silently as
-close. Shape and dtype mismatches are structural and answered first.
+they prove the difference exceeds the tolerance (NaN/Inf counts apart, or min, max, mean or
+norm apart by more than any within-tolerance pairing allows); a difference the stats cannot
+size is ``inconclusive`` ("bits differ, size not measured"), never silently close and never
+an unmeasured "diverged". Under the bitwise tolerance a bit difference is the measure. Shape and dtype mismatches are structural and answered first.
 
 Pure NumPy (bfloat16/float8 via ml_dtypes): no ML framework is imported here.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from reprobisect.core.compare.results import TensorDiff
+from reprobisect.core.compare.results import UNMEASURED, TensorDiff
 from reprobisect.core.compare.tolerance import Tolerance, _is_float
 from reprobisect.trace.format import Record
 from reprobisect.trace.reader import Trace
@@ -174,8 +175,9 @@ def _from_stats(ra: Record, rb: Record, rule: tuple[float, float] | None) -> Ten
     if rule is not None:
         kw.update(atol=rule[0], rtol=rule[1])
     if not ra.stats or not rb.stats:
-        what = "bits differ; no tensors or stats stored to measure"
-        return TensorDiff("diverged", "fingerprint", detail=what, **kw)
+        if rule is None:
+            return TensorDiff("diverged", "fingerprint", detail="bits differ (bitwise); no tensors or stats stored", **kw)
+        return TensorDiff("inconclusive", "fingerprint", detail=f"{UNMEASURED}; no stats either", **kw)
     deltas: dict[str, float] = {}
     for k in ("norm", "min", "max", "mean"):
         va, vb = ra.stat(k), rb.stat(k)
@@ -208,7 +210,8 @@ def _from_stats(ra: Record, rb: Record, rule: tuple[float, float] | None) -> Ten
                     detail=f"{k} moved by {d:.3g}, more than any within-tolerance change allows ({lim:.3g})",
                     **kw,
                 )
-    return TensorDiff("diverged", "fingerprint", detail="bits differ; no tensors stored to measure", **kw)
+    # nothing proves the size: within the tolerance or beyond it, the stats cannot tell
+    return TensorDiff("inconclusive", "fingerprint", detail=UNMEASURED, **kw)
 
 
 def compare_records(

@@ -15,9 +15,22 @@ from typing import Any
 from reprobisect.core.compare.tolerance import Tolerance
 from reprobisect.core.envdiff import EnvChange
 
-__all__ = ["VERDICTS", "TensorDiff", "Divergence", "StepSummary", "Comparison"]
+__all__ = ["UNMEASURED", "VERDICTS", "unmeasured_fix", "TensorDiff", "Divergence", "StepSummary", "Comparison"]
 
-VERDICTS = ("identical", "close", "diverged", "missing", "shape", "dtype")
+VERDICTS = ("identical", "close", "diverged", "inconclusive", "missing", "shape", "dtype")
+"""Per pair of records. ``inconclusive``: the bits differ under a value tolerance and nothing
+measured how much (neither side stored the tensor, and the stats do not prove it beyond the
+tolerance): not agreement, and not a divergence either."""
+
+UNMEASURED = "bits differ, size not measured (no tensor stored)"
+"""What an ``inconclusive`` pair says; the fix (``unmeasured_fix``) follows it in a verdict."""
+
+
+
+def unmeasured_fix(step: int) -> str:
+    """How to measure an ``inconclusive`` difference first seen at ``step``."""
+    return f"re-run with --full-steps {step} or compare --zoom"
+
 
 _MAX_NEXT = 5
 """How many divergences after the first a comparison keeps (``Comparison.next``)."""
@@ -28,7 +41,7 @@ class TensorDiff:
     """How one pair of records compares, and what that was measured from.
 
     ``source`` says what the figures come from: ``fingerprint`` (bits equal, or differ
-    with nothing stored to size it), ``tensors`` (both full tensors were read), ``stats``
+    with nothing stored to size it: ``inconclusive`` under a value tolerance), ``tensors`` (both full tensors were read), ``stats``
     (the recorded norm/min/max/mean/NaN/Inf only), ``structure`` (missing, shape, dtype).
     """
 
@@ -86,7 +99,9 @@ class Divergence:
     parent's forward, between hooked modules), ``first`` (the first broken link for a
     record without module inputs: batch, loss, grad, ...), or ``unknown`` (an activation
     recorded without input fingerprints), or ``arrival`` (a collective's output whose input
-    agrees on this rank: the difference arrived through the collective from another rank).
+    agrees on this rank: the difference arrived through the collective from another rank),
+    or ``followed_init`` (the data order, batch IDs, differs in a step whose initial
+    parameters already differed: named after the initialisation, as what followed it).
     """
 
     step: int
@@ -190,6 +205,9 @@ class Comparison:
     findings: tuple[str, ...] = ()
     """Multi-rank: what one trace shows about its own ranks (``reprobisect.core.distributed``):
     ranks whose parameters differ after a step, overlapping or missing samples, ..."""
+    unmeasured: int = 0
+    """Of ``divergences``, the records whose bits differ but whose size nothing measured
+    (``inconclusive``). When every divergence is one, the verdict is ``inconclusive``."""
 
     def __bool__(self) -> bool:
         return self.first is None and not self.structure
@@ -218,7 +236,26 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        return "agree" if self else "diverged"
+        """``agree``, ``diverged`` (something measured beyond the tolerance, or a structural
+        difference) or ``inconclusive`` (bits differ, nothing measured by how much). Only
+        ``agree`` is truthy: an inconclusive comparison exits 1, as ``audit`` counts it."""
+        if self:
+            return "agree"
+        return "inconclusive" if self.inconclusive else "diverged"
+
+    @property
+    def inconclusive(self) -> bool:
+        """Every divergence is a bit difference nothing sized (no structural difference)."""
+        return (self.first is not None and not self.structure and self.first.verdict == "inconclusive"
+                and self.unmeasured >= self.divergences)
+
+    @property
+    def first_measured(self) -> Divergence | None:
+        """The first kept divergence that was measured (not ``inconclusive``), or None."""
+        for d in ((self.first,) if self.first is not None else ()) + self.next:
+            if d.verdict != "inconclusive":
+                return d
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,6 +272,7 @@ class Comparison:
             "first": self.first.to_json() if self.first is not None else None,
             "next": [d.to_json() for d in self.next],
             "divergences": self.divergences,
+            **({"unmeasured": self.unmeasured} if self.unmeasured else {}),
             "per_step": [s.to_json() for s in self.per_step],
             "tensors_read": self.tensors_read,
             "bytes_read": self.bytes_read,

@@ -71,6 +71,7 @@ def compare_traces(a: Trace, b: Trace, tolerance: Tolerance | None = None) -> Co
         first=first,
         next=tuple(walk.divergences[1:]),
         divergences=walk.counted,
+        unmeasured=walk.unmeasured,
         per_step=tuple(walk.summaries),
         structure=shape.structure,
         note=note,
@@ -107,6 +108,7 @@ class _Walk:
         self.a, self.b, self.tolerance = a, b, tolerance
         self.divergences: list[Divergence] = []  # the first 1 + _MAX_NEXT only
         self.counted = 0
+        self.unmeasured = 0  # of those counted, bit differences nothing sized (``inconclusive``)
         self.n_records = 0
         self.summaries: list[StepSummary] = []
         self.unobserved = {"a": _unobserved(a), "b": _unobserved(b)}  # activations a compiled side could not record
@@ -118,6 +120,7 @@ class _Walk:
 
     def keep(self, d: Divergence) -> None:
         self.counted += 1
+        self.unmeasured += d.verdict == "inconclusive"
         if len(self.divergences) <= _MAX_NEXT:
             self.divergences.append(replace(d, sentinel=_sentinel_of(d)) if self.sentinel else d)
 
@@ -133,12 +136,13 @@ class _Walk:
         bd = _batch_diff(sa, sb)
         if bd is None and sa.batch_ids is not None and sb.batch_ids is not None:
             t.identical += 1
-        if bd is not None:
-            t.differ += 1
-            self.keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, **self._first_place()))
+        order_pending = bd is not None  # the batch IDs are judged after the step's init records
         scalars_done = not self.sentinel  # sentinel: the step's scalars sit where its gradients would
         for ra, rb in _pair_records(sa, sb):
             kind = (ra or rb).kind  # type: ignore[union-attr]
+            if order_pending and kind != "init":
+                order_pending = False
+                self._order(k, bd, t)  # type: ignore[arg-type]
             if self.sentinel and kind not in SENTINEL_KINDS:
                 self.not_held += 1
                 continue
@@ -151,9 +155,23 @@ class _Walk:
                 self._one_sided(k, ra, rb, t)
             else:
                 self._pair(k, ra, rb, t)
+        if order_pending:
+            self._order(k, bd, t)  # type: ignore[arg-type]
         if not scalars_done:
             self._scalars(k, sa, sb, t)
         self.summaries.append(StepSummary(k, t.records, t.identical, t.close, t.differ, t.max_abs))
+
+    def _order(self, k: int, bd: TensorDiff, t: _Tally) -> None:
+        """The step's batch IDs differ: the data order. The initial parameters (``init``,
+        made before the first batch is drawn) come first in the run's own time, so a
+        difference there is named first and the data order as what followed it
+        (``followed_init``: an initialisation that draws from the global RNG moves the
+        loader's shuffle too), never the other way round."""
+        t.differ += 1
+        place = self._first_place()
+        if self.divergences and any(d.step == k and d.kind == "init" for d in self.divergences):
+            place["localization"] = "followed_init"
+        self.keep(Divergence(k, "batch", _BATCH_IDS, "diverged", bd, **place))
 
     def _scalars(self, k: int, sa: Step, sb: Step, t: _Tally) -> None:
         """The step's scalar sentinels: total gradient norm (not between detail levels: each

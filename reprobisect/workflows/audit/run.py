@@ -171,6 +171,8 @@ def _repro(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
     i, comp = r.first_difference
     fd, line = first_divergence(comp)
     traces["b"] = r.runs[i].trace_dir or ""
+    if _unmeasured(comp):
+        return _inconclusive(f"run {i} differs from run 0", comp, traces)
     return {"verdict": "diverged", "line": f"run {i} differs from run 0: {line}", "first_divergence": fd, "traces": traces,
             "envdiff": [str(e) for e in comp.env if not e.info]}
 
@@ -199,8 +201,23 @@ def _envs(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
         verdict, line, noise = _agreeing(spec.name, "envs", [r.comparison], r.comparison.tolerance.describe())
         return {"verdict": verdict, "line": f"{spec.a} and {spec.b} {line}", "noise": noise, "traces": traces,
                 "envdiff": envdiff}
+    if _unmeasured(r.comparison):
+        return {**_inconclusive(f"{spec.a} and {spec.b} differ", r.comparison, traces), "envdiff": envdiff}
     fd, line = first_divergence(r.comparison)
     return {"verdict": "diverged", "line": line, "first_divergence": fd, "traces": traces, "envdiff": envdiff}
+
+
+def _unmeasured(comp: Any) -> bool:
+    """The comparison's only differences are bits nothing sized (``Comparison.verdict``)."""
+    return getattr(comp, "verdict", "") == "inconclusive"
+
+
+def _inconclusive(what: str, comp: Any, traces: dict[str, str]) -> dict[str, Any]:
+    """An ``inconclusive`` check from an unmeasured comparison: as ``compare`` says it."""
+    d = comp.first
+    why = (f"{what} in bits at step {d.step} · {d.kind} · '{d.name}', size not measured (no tensor stored); "
+           f"re-run with --full-steps {d.step}")
+    return {"verdict": "inconclusive", "line": why, "reason": why, "traces": traces}
 
 
 def _resume(spec: CheckSpec, opts: ProbeOptions, cwd: Path) -> dict[str, Any]:
