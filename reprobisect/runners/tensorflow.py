@@ -357,37 +357,6 @@ class TFRecorder:
             self._stop_raised = True
             raise self.stop
 
-    # -- failures --------------------------------------------------------------------------------
-
-    def _internal_error(self, where: str, e: BaseException) -> StopRun:
-        if self.failed is None:
-            self.failed = f"{where}: {type(e).__name__}: {e}"
-            detail = (f"reprobisect's recorder failed at step {self.step} ({self.failed}); a reprobisect bug, "
-                      "not your program's: this probe is no evidence either way")
-            self.notes.append(detail)
-            print(f"reprobisect: {detail}", file=sys.stderr)
-            self.done = True
-            self.stop = StopRun("recorder_error", self.step, detail, traceback.format_exc())
-        assert self.stop is not None
-        return self.stop
-
-    def guarded(self, where: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        """``fn(...)``; its failure is the recorder's own: noted, the run stopped as ``infra``
-        at the next safe point (never raised here: this may run inside a ``tf.py_function``)."""
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # StopRun / KeyboardInterrupt are BaseExceptions: they pass
-            self._internal_error(where, e)
-            return None
-
-    def raise_if_stopped(self) -> None:
-        """Raise the recorder's ``StopRun`` at a safe point (eager Python, never inside a graph
-        or a ``tf.py_function``); once, like the torch recorder: a program that swallows it
-        runs on unrecorded."""
-        if self.stop is not None and self.stop_at_limit and not self._stop_raised and tf.executing_eagerly():
-            self._stop_raised = True
-            raise self.stop
-
     # -- the end of a step -------------------------------------------------------------------------
 
     def _end_step(self, pre: _Apply, params: list[Any], opt_names: list[str], opt_values: list[Any], lr: Any,
