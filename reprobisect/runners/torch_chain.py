@@ -40,7 +40,7 @@ def _observers() -> None:
     """Import the torch observers (each registers itself, with its rank)."""
     from reprobisect.runners.observers import (torch_batches, torch_capture, torch_doctor,  # noqa: F401
                                                torch_evaluation, torch_forward, torch_gradients, torch_init,
-                                               torch_loss, torch_manual, torch_memory, torch_params)
+                                               torch_loss, torch_lossgraph, torch_manual, torch_memory, torch_params)
 
 
 class TorchChain:

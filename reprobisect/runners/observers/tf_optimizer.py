@@ -6,6 +6,8 @@ first update (``init``, step 0), each gradient as passed to ``apply`` (named lik
 variable), every variable after the update and every optimizer variable; ``scalars.lr``.
 In graph mode the values after the update are tapped in the graph, after the update ops.
 ``None`` gradients are findings (printed once, in the step's scalars and the manifest).
+Trainable variables of the model never passed to ``apply`` (a loop that filters the
+``(grad, var)`` pairs) are named in the manifest: ``extra.tensorflow.unapplied_variables``.
 ``manual_step`` ends a step by hand after an update the recorder cannot see.
 """
 
@@ -31,6 +33,7 @@ class TFOptimizerObserver(Observer):
         super().__init__(rec)
         self.depth = 0  # inside apply (a LossScaleOptimizer's inner call is part of the outer one)
         self.none_seen: set[str] = set()
+        self.applied: set[int] = set()  # ids of every variable any apply was given (doctor's ``update``)
 
     def apply(self, orig: Callable, opt: Any, grads: Any, variables: Any) -> Any:
         """``opt.apply(grads, variables)``, observed: the step's end."""
@@ -61,6 +64,7 @@ class TFOptimizerObserver(Observer):
         none_names = [n for n, g in zip(names, grads) if g is None]
         if none_names:
             self._warn_none(none_names, len(none_names) == len(names))
+        self._note_unapplied(variables)
         try:
             lr = tf.convert_to_tensor(opt.learning_rate)
         except Exception:
@@ -86,6 +90,20 @@ class TFOptimizerObserver(Observer):
             print(f"reprobisect: warning: {what} (None) at step {rec.step}: {', '.join(names)} "
                   "(used outside the tape, a NumPy round trip, or an unused branch?); recorded in the trace",
                   file=sys.stderr)
+
+    def _note_unapplied(self, variables: list[Any]) -> None:
+        """Name the model's trainable variables no ``apply`` has been given so far (the loop
+        filtered them out of the ``(grad, var)`` pairs: they never get an update, and the
+        recorded steps cannot show what they never hold). Variables of every optimizer count."""
+        rec = self.rec
+        self.applied.update(id(v) for v in variables)
+        model = rec.model_ref() if rec.model_ref is not None else None
+        left = [_var_name(v) for v in getattr(model, "trainable_variables", None) or [] if id(v) not in self.applied]
+        if left:
+            first = rec.info.get("unapplied_variables", {}).get("first_step", rec.step)
+            rec.info["unapplied_variables"] = {"variables": left, "first_step": first}
+        else:
+            rec.info.pop("unapplied_variables", None)
 
     def _after(self, pre: _Apply) -> None:
         rec = self.rec

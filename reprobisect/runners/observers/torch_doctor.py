@@ -145,3 +145,6 @@ def _loss_graph(loss: torch.Tensor) -> dict[str, Any]:
 
 
 register_observer("torch", "doctor", DoctorObserver, rank=60)
+
+# the gradient-clearing observer is the doctor's too (registered on import, with its rank)
+from reprobisect.runners.observers import torch_clearing  # noqa: E402,F401

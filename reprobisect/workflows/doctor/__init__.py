@@ -30,7 +30,7 @@ from typing import Sequence
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import UsageError
 from reprobisect.trace.reader import Trace
-from reprobisect.workflows.doctor.contract import check_contract
+from reprobisect.workflows.doctor.contract import check_contract, loss_findings
 from reprobisect.workflows.doctor.finite import check_finite, first_nonfinite
 from reprobisect.workflows.doctor.input import check_input
 from reprobisect.workflows.doctor.memory import check_memory
@@ -108,7 +108,7 @@ def run_doctor(argv: Sequence[str], options: ProbeOptions, *, checks: Sequence[s
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    findings = _weight_decay_cross_check(findings)
+    findings = _clearing_cross_check(_weight_decay_cross_check(findings))
     skipped: dict[str, str] = {}
     if frame[0] == "tensorflow":
         skipped = {c: _TF_WHY[c] for c in todo if c not in FRAMEWORK_CHECKS["tensorflow"]}
@@ -136,6 +136,40 @@ def _weight_decay_cross_check(findings: list[Finding]) -> list[Finding]:
                   evidence={**upd.evidence, "weight_decay": wd},
                   next="lower weight_decay (typical: 1e-4..1e-1); lr x weight_decay must stay well below 1")
     return [new if f is upd else f for f in findings]
+
+
+def _clearing_cross_check(findings: list[Finding]) -> list[Finding]:
+    """Gradients cleared wrongly (never, before the step, inside accumulation: an ``update``
+    finding of ``workflows.doctor.clearing``): the fixed-batch result is no evidence about the
+    model until that is fixed, so ``overfit`` says so instead of "cannot fit" or "works"."""
+    clearing = next((f for f in findings if f.check == "update" and "zero_grad_calls" in f.evidence), None)
+    if clearing is None:
+        return findings
+    out = []
+    for f in findings:
+        if f.check == "overfit" and not f.cause.startswith("not checked"):
+            f = replace(f, severity="info", cause="inconclusive: the gradients are cleared wrongly (see [update]), "
+                        "so the fixed-batch run says nothing about the model until that is fixed",
+                        evidence={**f.evidence, "fixed_batch_result": f.cause},
+                        next="fix the gradient clearing first, then run the doctor again")
+        out.append(f)
+    return out
+
+
+_STEPS_NEEDED = {"update": 2}
+"""Steps a one-run check needs before "no problem" means anything (``update``: a parameter
+change, and a step after a step for gradients never cleared)."""
+
+
+def _short_run(findings: list[Finding], recorded: int, asked: int) -> list[Finding]:
+    """A one-run check's "no problem" (info) when the script ended before the steps it needs:
+    "not checked — the script ended after N step(s); it needs M" (``run.ended_early``)."""
+    if recorded >= asked:
+        return findings
+    return [ended_early(replace(f, evidence={**f.evidence, "steps_run": recorded,
+                                             "steps_asked": _STEPS_NEEDED[f.check]}))
+            if f.check in _STEPS_NEEDED and f.severity == "info" and 0 < recorded < _STEPS_NEEDED[f.check] else f
+            for f in findings]
 
 
 def framework_of(trace: Trace) -> str:
@@ -168,7 +202,8 @@ def _single_run(argv: list[str], options: ProbeOptions, todo: tuple[str, ...], b
                         ("input", check_input), ("memory", check_memory)):
         if name in todo:
             findings += check(run.trace)
-    return findings
+    findings = _short_run(findings, len(run.trace.steps), options.steps)
+    return loss_findings(run.trace, findings) if "update" in todo else findings
 
 
 def _overfit_run(argv: list[str], options: ProbeOptions, base: Path, cwd: str | os.PathLike | None,

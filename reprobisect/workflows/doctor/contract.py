@@ -10,24 +10,35 @@ From one recorded run:
 - probabilities fed to a loss that expects logits: the recorder sees ``log_softmax`` (inside
   ``cross_entropy``) or ``nll_loss`` right after a ``softmax``, or
   ``binary_cross_entropy_with_logits`` right after a ``sigmoid``, in the first step's loss graph
-  (``scalars.loss_probabilities``); else the input of a ``CrossEntropyLoss``
+  (``scalars.loss_probabilities``); else what the recorder measured on the tensor entering
+  ``cross_entropy``/``binary_cross_entropy_with_logits`` (``scalars.loss_input``): made by a
+  ``sigmoid`` or by ``exp`` of a ``log_softmax`` (probabilities in any spelling), or a
+  cross-entropy input in [0, 1] whose rows sum to 1; else the input of a ``CrossEntropyLoss``
   module whose values lie in [0, 1] with a mean of exactly ``1/C`` (rows that sum to 1: a
   softmax), or an ``NLLLoss`` given non-negative values (it expects log-probabilities);
   read from the recorded stats of the tensor whose fingerprint the loss module received;
 - class indices out of range and targets of the wrong dtype crash inside the loss: the
   crash's last line is matched against the loss's own messages, old and new PyTorch's
   (``run.py``, ``CRASH_CONTRACT``); a generic "index out of bounds" elsewhere is not one.
+
+``loss_findings`` adds what the loss itself says to ``update``'s findings (``check`` ``update``):
+a loss exactly 0 at every step with zero gradients (nothing can be learned: one output class,
+every label masked), and, on TensorFlow, trainable variables the loop never passed to
+``apply_gradients`` (``extra.tensorflow.unapplied_variables``). Each replaces the ``update``
+verdict it explains ("no parameter changed although they have gradients", "every parameter
+has a gradient and changes").
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from reprobisect.trace.format import Record, Step, stat_value
 from reprobisect.trace.reader import Trace
 from reprobisect.workflows.doctor.model import Finding
 
-__all__ = ["CRASH_CONTRACT", "check_contract"]
+__all__ = ["CRASH_CONTRACT", "check_contract", "loss_input", "loss_findings", "probability_floor"]
 
 CRASH_CONTRACT = (
     (r"Target -?\d+ is out of bounds|t >= 0 && t < n_classes", "",
@@ -96,10 +107,65 @@ def _graph_probabilities(steps: list[Step]) -> list[Finding]:
                     f"use {'binary_cross_entropy' if sig else 'nll_loss(torch.log(p))'} if the model must output probabilities")]
 
 
+def loss_input(steps: list[Step]) -> dict[str, Any]:
+    """What the recorder measured on the tensor entering a loss on logits (``scalars.loss_input``), or {}."""
+    return next((s.scalars["loss_input"] for s in steps if isinstance(s.scalars.get("loss_input"), dict)), {})
+
+
+def _in_unit(m: dict[str, Any]) -> bool:
+    lo, hi = m.get("min"), m.get("max")
+    return isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo >= 0 and hi <= 1
+
+
+def _sums_to_one(m: dict[str, Any]) -> bool:
+    dev = m.get("row_sum_dev")
+    return _in_unit(m) and isinstance(dev, (int, float)) and dev <= _TOL and (m.get("classes") or 0) >= 2
+
+
+def probability_floor(steps: list[Step]) -> tuple[float, int] | None:
+    """(floor, C) when the run feeds probabilities (every value in [0, 1]) to a cross-entropy over
+    C >= 2 classes: with inputs in [0, 1] the margin of the true class is at most 1, so the loss
+    cannot go below -log(e / (e + C - 1)); else None."""
+    m = loss_input(steps)
+    c = m.get("classes") or 0
+    if m.get("loss") != "cross_entropy" or c < 2 or not _in_unit(m):
+        return None
+    return math.log(1 + (c - 1) / math.e), c
+
+
+_SPELLINGS = {"SigmoidBackward0": ("a sigmoid's output (each value in [0, 1])", "sigmoid"),
+              "ExpBackward0 of LogSoftmaxBackward0": ("exp() of log_softmax: probabilities again", "exp()"),
+              "SoftmaxBackward0": ("a softmax's output (rows that sum to 1)", "softmax")}
+"""The op that made the loss input -> (what it is, what to remove)."""
+
+
+def _measured_probabilities(steps: list[Step]) -> list[Finding]:
+    """The tensor entering cross_entropy/BCE-with-logits is probabilities (its op, or its values)."""
+    m = loss_input(steps)
+    spelled = _SPELLINGS.get(str(m.get("made_by")))
+    if not m or not _in_unit(m) or (spelled is None and not (m.get("loss") == "cross_entropy" and _sums_to_one(m))):
+        return []
+    what, remove = spelled or ("values in [0, 1] whose rows sum to 1 (probabilities)", "normalisation")
+    ev = {k: m.get(k) for k in ("loss", "shape", "classes", "min", "max", "row_sum_dev", "made_by") if k in m}
+    floor = probability_floor(steps)
+    tail = f"; the loss cannot go below {floor[0]:.4g} (its floor for {floor[1]} classes)" if floor else ""
+    return [Finding("contract", "error", f"the loss {m.get('loss')} expects logits but gets {what}; measured "
+                    f"min {m.get('min'):.3g}, max {m.get('max'):.3g}: it applies "
+                    f"{'the sigmoid' if 'binary' in str(m.get('loss')) else 'log_softmax'} itself, so the "
+                    f"gradients are squashed and training stalls{tail}", ev,
+                    f"pass the logits (remove the {remove} before the loss; keep it for inference only)")]
+
+
 def _probabilities(steps: list[Step]) -> list[Finding]:
     graph = _graph_probabilities(steps)
+    m = loss_input(steps)
     if graph:
+        if m:  # the measured input agrees: its range and row sums are evidence too
+            graph[0].evidence.update({f"input_{k}": m[k] for k in ("min", "max", "row_sum_dev") if k in m})
         return graph
+    measured = _measured_probabilities(steps)
+    if measured:
+        return measured
     for s in steps[:3]:
         for r in s.records:
             base = r.name.split("@")[0].split("#")[0]
@@ -135,3 +201,58 @@ def check_contract(trace: Trace) -> list[Finding]:
         return found
     return [Finding("contract", "info", "no shape broadcast into the loss and no probabilities fed to a loss that "
                     "expects logits were seen", {"steps": len(steps)}, "")]
+
+
+def _num(x: Any) -> float | None:
+    try:
+        return stat_value(x)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _zero_loss(steps: list[Step]) -> list[Finding]:
+    """A loss exactly 0 at every step (>= 2) with gradient norms all 0: nothing can be learned."""
+    losses = [_num(s.scalars.get("loss")) if "loss" in s.scalars else None for s in steps]
+    norms = [_num(s.scalars.get("grad_norm")) for s in steps if "grad_norm" in s.scalars]
+    if len(steps) < 2 or any(v != 0.0 for v in losses) or any(n != 0.0 for n in norms):
+        return []
+    m = loss_input(steps)
+    ev: dict[str, Any] = {"steps": len(steps), "loss": losses[:8], "grad_norm": norms[:8]}
+    if m.get("classes"):
+        ev["classes"] = m["classes"]
+    one = m.get("classes") == 1
+    return [Finding("update", "error", f"the loss is 0 at every step (and its gradients are all zero), over {len(steps)} "
+                    "steps: nothing can be learned; " + ("here the model outputs 1 class, and cross-entropy over one "
+                                                         "class is always 0" if one else "e.g. a classifier with one "
+                                                         "output class, or labels all masked"), ev,
+                    "give the last layer one output per class (or BCEWithLogitsLoss on one logit)" if one else
+                    "check the number of output classes, the labels (all ignore_index?) and the loss mask (all zero?)")]
+
+
+def _unapplied(trace: Trace) -> list[Finding]:
+    """TensorFlow: trainable variables the loop never passed to ``apply_gradients``."""
+    info = ((trace.manifest.extra or {}).get("tensorflow") or {}).get("unapplied_variables")
+    names = list(info.get("variables") or []) if isinstance(info, dict) else []
+    if not names:
+        return []
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    return [Finding("update", "warning", f"trainable variables not passed to apply_gradients: {shown}; they never "
+                    "get an update (the loop filters the (gradient, variable) pairs), so they keep their initial "
+                    "values", {"variables": names, "first_step": info.get("first_step")},
+                    "pass every trainable variable to apply_gradients, or set trainable=False on the ones meant "
+                    "to stay fixed")]
+
+
+def loss_findings(trace: Trace, findings: list[Finding]) -> list[Finding]:
+    """``findings`` with what the loss says about ``update``: a loss identically 0 replaces every
+    ``update`` finding (they read its consequences: no change, no gradient); trainable variables
+    never given to ``apply_gradients`` replace the claim that every parameter changes."""
+    steps = list(trace.steps)
+    zero = _zero_loss(steps)
+    if zero:
+        return [f for f in findings if f.check != "update"] + zero
+    unapplied = _unapplied(trace)
+    if unapplied:
+        kept = [f for f in findings if not (f.check == "update" and "every parameter" in f.cause)]
+        return kept + unapplied
+    return findings

@@ -14,6 +14,10 @@ was switched off, and how long the run took. Verdicts:
   steps to try (a slow but healthy run is not called broken);
 - cannot fit: a plateau far from fit (at most 5 % change over the second half), or a loss
   that rose: ``warning`` with what to inspect;
+- a loss exactly 0 at every step: ``warning``, there is nothing to fit (never a fit);
+- cross-entropy on probabilities (the recorder's ``scalars.loss_input``: values in [0, 1])
+  ending at its floor, -log(e / (e + C - 1)) for C classes: ``warning``, "plateaus at X, the
+  floor of cross-entropy on probabilities" (never a fit, even at 100 % accuracy);
 - a learning rate at 0 at the end of the run (a schedule drove it there): ``info``,
   inconclusive (``update`` names it);
 - not run: no batch came from a ``DataLoader`` to repeat: ``info``, inconclusive (never a pass).
@@ -26,6 +30,7 @@ from typing import Any
 
 from reprobisect.trace.format import Step, stat_value
 from reprobisect.trace.reader import Trace
+from reprobisect.workflows.doctor.contract import probability_floor
 from reprobisect.workflows.doctor.model import Finding
 
 __all__ = ["DEFAULT_OVERFIT_STEPS", "check_overfit"]
@@ -67,6 +72,25 @@ def _lr_zero_from(steps: list[Step]) -> int | None:
     return at
 
 
+def _bound(steps: list[Step], vals: list[float], acc_end: Any, took: str, ev: dict[str, Any]) -> list[Finding]:
+    """A loss that cannot move: 0 from the start, or at the floor of cross-entropy on probabilities."""
+    if all(v == 0.0 for v in vals):
+        return [Finding("overfit", "warning", f"the loss is 0 at every step of the fixed-batch run ({took}): there is "
+                        "nothing to fit and nothing can be learned (its gradients are zero); e.g. a classifier with one "
+                        "output class, or labels all masked", ev, "see `--check update`; check the number of output "
+                        "classes and the loss mask")]
+    floor = probability_floor(steps)
+    end = vals[-1]
+    if floor is None or end > floor[0] * 1.02 + 1e-3:
+        return []
+    ev["floor"] = round(floor[0], 6)
+    acc = f" (accuracy {acc_end:.0%})" if acc_end is not None else ""
+    return [Finding("overfit", "warning", f"on one batch the loss plateaus at {end:.4g}{acc}, the floor of "
+                    f"cross-entropy on probabilities: with inputs in [0, 1] it cannot go below {floor[0]:.4g} for "
+                    f"{floor[1]} classes ({took}), so the model is not shown to fit", ev,
+                    "pass logits to the loss, not probabilities (`--check contract` names the op)")]
+
+
 def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Finding]:
     """The ``overfit`` finding of the fixed-batch run (``asked`` steps, ``wall_s`` seconds)."""
     steps = list(trace.steps) if trace is not None else []
@@ -98,6 +122,9 @@ def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Fin
     first, end = vals[0], vals[-1]
     acc_end = accs[-1]
     took = f"{len(steps)} steps, {base['wall_s']:g} s"
+    bound = _bound(steps, vals, acc_end, took, ev)
+    if bound:
+        return bound
     if acc_end == 1.0 or end <= 0.1 * first or abs(end) < 1e-3:
         acc = f", accuracy {acc_end:.0%}" if acc_end is not None else ""
         return [Finding("overfit", "info", f"fits one batch: loss {first:.4g} -> {end:.4g}{acc} ({took}); the model, "

@@ -12,6 +12,9 @@ scalars ``no_grad_params``, ``grad_norm``, ``lr``, ``loss``), in the guide's ord
   intentionally unused), and frozen ones (``requires_grad=False``, the recorder's
   ``frozen_params``);
 - a learning rate at zero, from the start or driven there by a scheduler;
+- gradients never cleared, cleared between ``backward`` and ``step``, or cleared inside an
+  accumulation loop (``workflows.doctor.clearing``: before the links above, which these
+  bugs would otherwise pass for: a detached loss, a working update path);
 - an optimizer step that changes no parameter although gradients and learning rate are
   non-zero; and the symptoms themselves: a loss identical at every step, or a loss that
   grows tenfold or more while rising at most steps (diverging updates).
@@ -24,6 +27,7 @@ from typing import Any
 
 from reprobisect.trace.format import Step, stat_value
 from reprobisect.trace.reader import Trace
+from reprobisect.workflows.doctor.clearing import check_clearing
 from reprobisect.workflows.doctor.model import Finding
 
 __all__ = ["check_update"]
@@ -172,6 +176,9 @@ def check_update(trace: Trace) -> list[Finding]:
     frozen = set()
     for s in steps:
         frozen |= set(s.scalars.get("frozen_params") or [])
+    clearing = check_clearing(steps)
+    if clearing:  # what the recorder saw of .grad explains the symptoms the probes below would misname
+        return clearing + [f for f in _membership(steps, frozen) if f.severity != "info"]
     infos: list[Finding] = []
     for probe in (lambda: _membership(steps, frozen), lambda: _gradients(steps, frozen), lambda: _lr(steps)):
         found = probe()
