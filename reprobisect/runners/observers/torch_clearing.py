@@ -32,6 +32,11 @@ __all__ = ["ClearingObserver"]
 _PHASES = ("before_first_backward", "between_backwards", "after_last_backward")
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing this call (dynamo folds the answer into the graph)."""
+    return bool(getattr(torch.compiler, "is_compiling", lambda: False)())
+
+
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in opt.param_groups for p in g["params"] if isinstance(p, torch.Tensor)]
 
@@ -70,13 +75,20 @@ class ClearingObserver(Observer):
 
         rec = self.rec
         for owner, label in ((torch.optim.Optimizer, "optimizer.zero_grad()"), (torch.nn.Module, "model.zero_grad()")):
-            rec._patch(owner, "zero_grad", self._counting(owner.__dict__["zero_grad"], label))
+            wrapper = self._counting(owner.__dict__["zero_grad"], label)
+            if owner is torch.optim.Optimizer and hasattr(torch, "_disable_dynamo"):
+                # torch runs Optimizer.zero_grad outside dynamo (@torch._disable_dynamo): its wrapper
+                # must too, or a compiled train step splits into more graphs than without us
+                wrapper = torch._disable_dynamo(wrapper)
+            rec._patch(owner, "zero_grad", wrapper)
         handle = optim_module.register_optimizer_step_pre_hook(self._pre_step)
         return handle.remove
 
     def _counting(self, orig: Callable, label: str) -> Callable:
         def zero_grad(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.rec.done and not self.rec._quiet:
+            # inside a region torch.compile traces, counting would be a side effect dynamo breaks
+            # the graph on (more graphs than the run without the recorder): count eager calls only
+            if not _compiling() and not self.rec.done and not self.rec._quiet:
                 self.calls.append((self.backwards, label))
             return orig(obj, *args, **kwargs)
 
@@ -107,7 +119,7 @@ class ClearingObserver(Observer):
 
     def losses(self, ts: list[torch.Tensor]) -> None:
         """Before a backward: the step's first sees stale gradients; a later one, cleared ones."""
-        if self.rec._quiet:
+        if self.rec._quiet or _compiling():
             return
         params = self._watched()
         if self.backwards == 0:
@@ -119,11 +131,15 @@ class ClearingObserver(Observer):
         self.between |= self._cleared([(id(p), p.grad, self.after[id(p)]) for p in params if id(p) in self.after])
 
     def after_backward(self) -> None:
+        if _compiling():
+            return
         self.backwards += 1
         self.after = {id(p): (weakref.ref(p.grad), _version(p.grad)) for p in self._watched() if p.grad is not None}
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """The optimizer takes its gradients: were those backward gave cleared since?"""
+        if _compiling():  # a step torch.compile traces is not observed (no side effect in its graph)
+            return
         try:
             if self.rec.done or self.rec._quiet:
                 return
