@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["OUTCOMES", "Status", "VerdictKind", "Outcome", "LAUNCH_EXIT", "DISK_FULL", "disk_full_detail", "disk_full"]
+__all__ = ["OUTCOMES", "Status", "VerdictKind", "Outcome", "LAUNCH_EXIT", "DISK_FULL", "disk_full_detail", "disk_full", "no_space_code"]
 
 
 class _Named(str, Enum):
@@ -135,4 +135,14 @@ def disk_full(outcome: Outcome) -> str | None:
     return m.group(0) if m else None
 
 
+def no_space_code(outcome: Outcome) -> str | None:
+    """``ENOSPC``/``EDQUOT`` when an ``infra`` outcome's own words say the disk was full (the
+    recorder's failure as the child reported it, before anyone rewrote it), else None."""
+    if outcome.status is not Status.INFRA:
+        return None
+    m = _NO_SPACE_RE.search(f"{outcome.detail or ''}\n{outcome.traceback or ''}")
+    return None if m is None else ("ENOSPC" if m.group(1) == "28" else "EDQUOT")
+
+
+_NO_SPACE_RE = re.compile(r"\[Errno (28|122)\]")
 _DISK_FULL_RE = re.compile(re.escape(DISK_FULL) + r" '.*?' \((?:ENOSPC|EDQUOT)\) while writing the trace")

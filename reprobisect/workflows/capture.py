@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reprobisect.core.checks import check_number
-from reprobisect.core.outcome import Outcome, Status, disk_full, disk_full_detail
+from reprobisect.core.outcome import Outcome, Status, disk_full, disk_full_detail, no_space_code
 from reprobisect.core.probe import ProbeResult, ProbeSpec
 from reprobisect.errors import UsageError
 from reprobisect.executors.base import Executor
@@ -197,7 +197,8 @@ def capture(argv: Sequence[str], out: str | os.PathLike, config: CaptureConfig |
             raise
         raise UsageError(f"{disk_full_detail(str(trace), errno.errorcode[e.errno])}; free space there or "
                          "choose another -o") from None
-    full = disk_full(result.outcome)
+    code = no_space_code(result.outcome)
+    full = disk_full(result.outcome) or (disk_full_detail(str(trace), code) if code else None)
     if full is not None:  # the tool's own writing failed: bad environment (exit 2), never a verdict on the command
         raise UsageError(f"{full}; free space there or choose another -o (the trace there is incomplete)")
     _log_outcome(trace, result.outcome)
