@@ -169,8 +169,11 @@ class ClearingObserver(Observer):
             phases[phase] += 1
             labels += [label] if label not in labels else []
         got = dict(self.at_step or {})
+        # a zero_grad after the last backward is normal where the update came first (a loop
+        # without torch.optim clears after its own update): what the optimizer found cleared
+        # (cleared_before_step) is the evidence, not the call
         if not (got.get("stale") or got.get("cleared_before_step") or got.get("cleared_between_backwards")
-                or phases[_PHASES[1]] or (n and phases[_PHASES[2]])):
+                or phases[_PHASES[1]]):
             return
         got.setdefault("backwards", n)
         scalars["grad_clearing"] = {**got, "zero_grad_calls": phases, "called": labels}

@@ -10,7 +10,9 @@ class dimension from 1 (0 for rows that already sum to 1: probabilities), and th
 op that produced it (``SoftmaxBackward0``, ``SigmoidBackward0``, ``ExpBackward0`` of
 ``LogSoftmaxBackward0``: probabilities in any spelling). Measured on the tensor itself, so a
 hand-written normalisation (``x / x.sum(1, keepdim=True)``) counts too. The call is made
-exactly as the script made it; a measurement that fails says nothing.
+exactly as the script made it; a measurement that fails says nothing. It is written only
+when it can matter (inputs in [0, 1], a probability op, one class): an ordinary run on
+logits keeps the trace it had before this observer.
 """
 
 from __future__ import annotations
@@ -56,9 +58,20 @@ class LossInputObserver(Observer):
         return loss
 
     def step_scalars(self, scalars: dict[str, Any]) -> None:
-        if self.pending and self.measured:
+        if self.pending and self.measured and _suspect(self.measured):
             scalars["loss_input"] = self.measured
         self.pending = False
+
+
+_PROBABILITY_OPS = ("SoftmaxBackward0", "SigmoidBackward0", "ExpBackward0")
+
+
+def _suspect(m: dict[str, Any]) -> bool:
+    """Whether the measured input can be what the doctor looks for (probabilities, one class):
+    only then is it written, so the trace of an ordinary run on logits is unchanged."""
+    in_unit = m.get("min", -1.0) >= 0.0 and m.get("max", 2.0) <= 1.0
+    made = str(m.get("made_by") or "")
+    return in_unit or made.startswith(_PROBABILITY_OPS) or m.get("classes") == 1
 
 
 def _made_by(t: torch.Tensor) -> str | None:
