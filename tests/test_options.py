@@ -104,7 +104,8 @@ def test_override_changes_a_probing_commands_verdict_as_it_does_compares(tmp_pat
     monkeypatch.chdir(tmp_path)
     cmd = ["--steps", "2", "--full-steps", "0,1", "-q", "--", sys.executable, "t.py"]  # tensors kept: measured
     rule = "activation/*noisy*=1e-3,0"
-    assert main(["repro", "--runs", "2", "-o", "out", *cmd]) == ExitCode.DIFFER
+    # --no-confirm: the two runs only (the confirming re-runs would add their traces to out/)
+    assert main(["repro", "--runs", "2", "--no-confirm", "-o", "out", *cmd]) == ExitCode.DIFFER
     assert "NOT deterministic" in capsys.readouterr().out
     assert main(["repro", "--runs", "2", "--override", rule, *cmd]) == ExitCode.OK
     assert "deterministic: 2 runs identical" in capsys.readouterr().out

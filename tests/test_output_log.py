@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reprobisect.support.outputlog import KEEP_BYTES, OUTPUT_LOG, BoundedOutput
+from reprobisect.workflows.capture import OUTCOME_LOG_CHARS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,9 +90,11 @@ def test_a_chatty_command_is_kept_bounded_on_disk(tmp_path):
     r = _bisect("capture", "-q", "-o", "t", "--", "python", "chatty.py", cwd=tmp_path)
     assert r.returncode == 1  # no optimizer step: nothing to compare (the trace folder is still made)
     data = (tmp_path / "t" / OUTPUT_LOG).read_bytes()
-    assert len(data) <= 2 * KEEP_BYTES + 200
-    assert data.startswith(b"FIRST LINE\n") and b"LAST LINE\n" in data[-200:]
-    assert b"bytes of output left out here" in data
+    # the command's own output, bounded; then reprobisect's outcome line (bounded too)
+    own, sep, ours = data.rpartition(b"reprobisect: ")
+    assert sep and len(own) <= 2 * KEEP_BYTES + 200 and len(ours) <= OUTCOME_LOG_CHARS * 4
+    assert own.startswith(b"FIRST LINE\n") and b"LAST LINE\n" in own[-200:]
+    assert b"bytes of output left out here" in own
 
 
 def test_repro_shows_the_tail_of_a_crashed_run_and_keeps_searches_quiet(tmp_path):

@@ -237,6 +237,10 @@ def _show_output(result: ProbeResult) -> None:
         out.flush()
 
 
+OUTCOME_LOG_CHARS = 16384
+"""At most this much of the outcome line and traceback is appended to ``output.log``."""
+
+
 def _log_outcome(trace: Path, outcome: Outcome) -> None:
     """The outcome line, and a crash's whole traceback, at the end of the trace's ``output.log``
     (the terminal gets them once, shortened: ``outcome_lines``, ``user_traceback``)."""
@@ -244,6 +248,8 @@ def _log_outcome(trace: Path, outcome: Outcome) -> None:
     if not log.is_file():
         return
     text = f"reprobisect: {outcome}\n" + (outcome.traceback or "")
+    if len(text) > OUTCOME_LOG_CHARS:  # the log stays bounded: a traceback's last frames matter most
+        text = text[:200] + "\n[...]\n" + text[-(OUTCOME_LOG_CHARS - 210):]
     try:
         with open(log, "a", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text if text.endswith("\n") else text + "\n")
