@@ -18,17 +18,16 @@ from pathlib import Path
 import pytest
 
 from reprobisect.errors import ProbeError, UsageError
+from reprobisect.vcs.archive import archive, extract
 from reprobisect.vcs.git import (
     CommitInfo,
     WorktreePool,
-    archive,
     bisect_axis,
     checkout,
     commit_info,
     commit_parents,
     commit_range,
     default_cache_dir,
-    extract,
     is_ancestor,
     open_repo,
     resolve,

@@ -53,12 +53,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
 import json
 import os
 import shutil
 import socket
-import tarfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -74,6 +72,7 @@ from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound, Inv
 
 from reprobisect.errors import ProbeError, UsageError
 from reprobisect.support.interrupt import in_use, pid_alive
+from reprobisect.vcs.links import check_links, make_links, remove_links
 
 __all__ = [
     "RepoInfo",
@@ -94,8 +93,6 @@ __all__ = [
     "remove_links",
     "session_lock",
     "prune_stale_worktrees",
-    "archive",
-    "extract",
     "checkout_state",
 ]
 
@@ -623,104 +620,6 @@ def checkout(repo: "RepoInfo | str | os.PathLike[str]", commit: str, *, cache_di
             yield wt
 
 
-# --------------------------------------------------------------------------- linked paths
-def check_links(repo: "RepoInfo | str | os.PathLike[str]", paths: "tuple[str, ...] | list[str]") -> tuple[str, ...]:
-    """The ``--link`` paths as POSIX paths relative to the repository root, checked.
-
-    Each path is relative to the repository root (an absolute path inside the checkout is
-    accepted too). Raises ``UsageError`` with one line for a path that does not exist in
-    the checkout, lies outside it (``..``, a symlink out of it is fine: its target is the
-    user's), is the root itself or inside ``.git``. Duplicates and paths under another
-    linked folder are dropped; the result is sorted.
-    """
-    root = _root(repo)
-    out: list[str] = []
-    for raw in paths:
-        text = str(raw).strip()
-        if not text:
-            raise UsageError("--link takes a path relative to the repository root, e.g. --link data")
-        p = Path(text)
-        full = p if p.is_absolute() else root / p
-        # normalise without following symlinks: `data` may itself link elsewhere (the user's choice)
-        norm = Path(os.path.normpath(full))
-        if p.is_absolute() and not norm.is_relative_to(root) and norm.parent.exists():
-            norm = norm.parent.resolve() / norm.name  # an absolute path through a symlinked prefix (/tmp -> /private/tmp)
-        try:
-            rel = norm.relative_to(root)
-        except ValueError:
-            raise UsageError(
-                f"--link {text}: not inside the repository {root}; give a path relative to its root (e.g. --link data)"
-            ) from None
-        if str(rel) in ("", "."):
-            raise UsageError(f"--link {text}: the repository root itself cannot be linked; name the folders or files (e.g. --link data)")
-        if rel.parts[0] == ".git":
-            raise UsageError(f"--link {text}: paths inside .git cannot be linked")
-        if not os.path.lexists(norm):
-            raise UsageError(f"--link {text}: {rel.as_posix()} does not exist in {root} (paths are relative to the repository root)")
-        out.append(rel.as_posix())
-    keep: list[str] = []
-    for r in sorted(set(out)):
-        if not any(r.startswith(k + "/") for k in keep):
-            keep.append(r)
-    return tuple(keep)
-
-
-def make_links(worktree: str | os.PathLike[str], source_root: str | os.PathLike[str], links: "tuple[str, ...] | list[str]") -> list[Path]:
-    """Make each of ``links`` (relative paths) in ``worktree`` a symlink to ``source_root/path``.
-
-    A path the worktree already has (the commit tracks it) keeps the commit's content; when
-    both are folders, the entries of the user's folder that the commit lacks are linked
-    inside it, recursively. Missing parent folders are created. Returns what was made
-    (symlinks and created folders, in creation order) for ``remove_links``; on an error,
-    removes what it made and raises ``ProbeError``.
-    """
-    wt = Path(worktree)
-    src_root = Path(source_root)
-    made: list[Path] = []
-
-    def link(src: Path, dst: Path) -> None:
-        if not os.path.lexists(dst):
-            os.symlink(src, dst, target_is_directory=src.is_dir())
-            made.append(dst)
-        elif dst.is_dir() and not dst.is_symlink() and src.is_dir():
-            for child in sorted(os.listdir(src)):
-                if child == ".git":
-                    continue
-                link(src / child, dst / child)
-        # else: the commit has its own file here; the probe tests the commit's version
-
-    try:
-        for rel in links:
-            parts = Path(rel).parts
-            parent = wt
-            for part in parts[:-1]:
-                parent = parent / part
-                if parent.is_symlink() or (os.path.lexists(parent) and not parent.is_dir()):
-                    break  # a tracked file or link in the way: the commit decides this path
-                if not parent.exists():
-                    parent.mkdir()
-                    made.append(parent)
-            else:
-                link(src_root / rel, wt / rel)
-    except OSError as e:
-        remove_links(made)
-        raise ProbeError(f"cannot link {rel} into the worktree {wt}: {e.strerror or e}") from None
-    return made
-
-
-def remove_links(made: "list[Path]") -> None:
-    """Undo ``make_links``: unlink each symlink (never following it) and remove the folders it
-    created when they are empty. Never deletes anything a link points to."""
-    for p in reversed(made):
-        try:
-            if p.is_symlink():
-                os.unlink(p)
-            elif p.is_dir():
-                os.rmdir(p)  # only empty: anything the probe wrote there goes with the worktree
-        except OSError:
-            pass
-
-
 # --------------------------------------------------------------------------- session lock
 @contextlib.contextmanager
 def session_lock(
@@ -796,89 +695,6 @@ def _read_holder(path: Path) -> str:
     if d.get("what"):
         bits.append(str(d["what"]))
     return " (" + ", ".join(bits) + ")"
-
-
-# --------------------------------------------------------------------------- archives
-def archive(repo: "RepoInfo | str | os.PathLike[str]", commit: str, *, submodules: bool = True) -> bytes:
-    """The tree of ``commit`` as an uncompressed tar (``git archive --format=tar``).
-
-    For workers without a shared file system. The tar's pax global header carries the
-    commit id (``comment``), as ``git archive`` writes it. With ``submodules`` (default), the content
-    of each submodule at the commit it is pinned to is added under its path, read from
-    the submodule's repository in the user's checkout (``.git/modules``), recursively.
-    Raises ``ProbeError`` naming the submodule when that commit is not available locally
-    (fix: ``git submodule update --init --recursive`` in the repository).
-    """
-    info = _info(repo)
-    h = resolve(info, commit)
-    data = _run(_Git(info.root), "archive", "--format=tar", h, binary=True).out
-    if not submodules or not has_submodules(info, h):
-        return data
-    out = io.BytesIO()
-    # keep what git archive writes: the commit id in the pax global header ("comment")
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": h}) as dst:
-        _copy_tar(data, dst, "")
-        _add_submodules(info.root, h, "", dst)
-    return out.getvalue()
-
-
-def _copy_tar(data: bytes, dst: tarfile.TarFile, prefix: str) -> None:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as src:
-        for m in src.getmembers():
-            if m.type == tarfile.XGLTYPE or m.name == "pax_global_header":
-                continue
-            f = src.extractfile(m) if m.isfile() else None
-            if prefix:
-                m.name = prefix + m.name
-            dst.addfile(m, f)
-
-
-def _gitlinks(repo_dir: Path, commit: str) -> list[tuple[str, str]]:
-    """(path, pinned commit) of every submodule entry in ``commit``'s tree."""
-    with _opened(repo_dir) as r:
-        tree = r.commit(commit).tree
-        return [(sm.path, sm.hexsha) for sm in tree.traverse(predicate=lambda i, _d: i.type == "submodule")]
-
-
-def _has_commit(sub_dir: Path, sha: str) -> bool:
-    """True when the repository checked out at ``sub_dir`` (its own ``.git``) holds commit ``sha``."""
-    if not (sub_dir / ".git").exists():
-        return False
-    try:
-        with _opened(sub_dir) as r:  # its own .git is found first
-            return r.commit(sha).type == "commit"
-    except (UsageError, BadName, BadObject, ValueError):
-        return False
-
-
-def _add_submodules(repo_dir: Path, commit: str, prefix: str, dst: tarfile.TarFile) -> None:
-    for path, sub_commit in _gitlinks(repo_dir, commit):
-        sub_dir = repo_dir / path
-        if not _has_commit(sub_dir, sub_commit):
-            raise ProbeError(
-                f"submodule {prefix}{path} at {sub_commit[:12]} is not available in {repo_dir}; run "
-                "'git submodule update --init --recursive' there, or use an executor with a shared file system"
-            )
-        data = _run(_Git(sub_dir), "archive", "--format=tar", sub_commit, binary=True).out
-        _copy_tar(data, dst, f"{prefix}{path}/")
-        if has_submodules(sub_dir, sub_commit):
-            _add_submodules(sub_dir, sub_commit, f"{prefix}{path}/", dst)
-
-
-def extract(data: bytes, dest: str | os.PathLike[str]) -> Path:
-    """Unpack an ``archive`` tar into ``dest`` (created if needed); refuses paths outside it.
-
-    Uses tarfile's ``tar`` filter: member names may not leave ``dest``, but symlinks keep
-    their targets (a repository's ``data -> /mnt/datasets`` link checks out as git would).
-    """
-    d = Path(dest)
-    d.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
-        try:
-            tf.extractall(d, filter="tar")
-        except tarfile.FilterError as e:
-            raise ProbeError(f"refusing to extract an archive member outside {d}: {e}") from None
-    return d
 
 
 # --------------------------------------------------------------------------- checkout state

@@ -23,13 +23,14 @@ from typing import Any
 
 from reprobisect.core.probe import ProbeSpec
 from reprobisect.errors import UsageError
-from reprobisect.vcs.git import archive, extract, resolve
+from reprobisect.vcs.archive import archive, extract
+from reprobisect.vcs.git import resolve
 
 __all__ = ["archive_commit", "payload"]
 
 
 def archive_commit(repo: str | os.PathLike, commit: str) -> bytes:
-    """A tar of ``commit`` (``reprobisect.vcs.git.archive``) whose pax header names the commit.
+    """A tar of ``commit`` (``reprobisect.vcs.archive.archive``) whose pax header names the commit.
 
     ``git archive`` writes the commit id into the tar's global header; when the archive
     was rebuilt (submodule content added) the header is written again here, so the
