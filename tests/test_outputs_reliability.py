@@ -2,7 +2,7 @@
 documents of an unknown version are refused.
 
 ``bisect report --html`` and ``bisect audit --junit/--json/--html`` write only a new path,
-an empty file, or a report of their kind that reprobisect wrote (``support.outfile``).
+an empty file, or a report of their kind that reprobisect wrote (``trace.outfile``).
 Anything else -- a user's file, a symlink, a folder, a FIFO -- is one line naming the path
 and the fix, exit 2, the path byte-identical afterwards; the audit asks before any check
 runs. Real files, the real CLI (``reprobisect.cli.main``), a real audit whose command
@@ -21,7 +21,7 @@ import pytest
 from reprobisect.cli import main
 from reprobisect.errors import UsageError
 from reprobisect.report import write_report
-from reprobisect.support.outfile import JUNIT_MARKER, atomic_write, check_output_file, is_ours
+from reprobisect.trace.outfile import JUNIT_MARKER, atomic_write, check_output_file, is_ours
 
 from test_report import audit_doc, build
 

@@ -6,7 +6,7 @@ document is escaped, its control characters shown as ``\\x1b`` text first
 (``render.safe.printable_lines``). The file is written atomically (a temp file in the
 same folder, fsynced, then renamed), so a reader never sees half a report and a failed
 write leaves nothing behind; and only to a new path or over a page reprobisect wrote (its
-``<meta name='generator' content='reprobisect ...'>``; ``reprobisect.support.outfile``),
+``<meta name='generator' content='reprobisect ...'>``; ``reprobisect.trace.outfile``),
 checked before the source is read.
 
 This is the entry point ``bisect audit --html`` calls (``/work/wt/audit_contract.md``):
@@ -29,7 +29,7 @@ from reprobisect.render.safe import printable_lines
 from reprobisect.report import plots
 from reprobisect.report.page import Page, View
 from reprobisect.report.sources import load_page
-from reprobisect.support.outfile import HTML_GENERATOR, atomic_write, check_output_file
+from reprobisect.trace.outfile import HTML_GENERATOR, atomic_write, check_output_file
 
 __all__ = ["write_report", "render_page"]
 

@@ -3,7 +3,7 @@
 Exit 0 when every check passes (bitwise or within-noise), 1 when any diverged or is
 inconclusive, 2 for a bad config (one line naming the key and the fix) or a report path that
 may not be written (an existing file reprobisect did not write, a link, a folder: checked
-before any check runs; ``reprobisect.support.outfile``). ``--update-golden``
+before any check runs; ``reprobisect.trace.outfile``). ``--update-golden``
 records the goldens and exits 0 (1 when one could not be recorded).
 """
 

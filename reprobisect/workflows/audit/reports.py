@@ -6,7 +6,7 @@ is a ``<failure>`` whose message is the first-divergence line, an inconclusive c
 audit result document. ``write_html``: ``reprobisect.report.html.write_report`` when the
 report package is installed.
 
-Every file goes through ``reprobisect.support.outfile``: it is written only to a new path
+Every file goes through ``reprobisect.trace.outfile``: it is written only to a new path
 or over a report of its kind that reprobisect wrote (``check_outputs`` asks before the
 audit runs; each write asks again). Names in the JUnit file pass through
 ``reprobisect.render.safe``: a control character in a check's name or line is shown as
@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping
 
 from reprobisect.errors import UsageError
 from reprobisect.render.safe import printable, printable_lines
-from reprobisect.support import outfile
-from reprobisect.support.outfile import JUNIT_MARKER, check_output_file
+from reprobisect.trace import outfile
+from reprobisect.trace.outfile import JUNIT_MARKER, check_output_file
 
 __all__ = ["atomic_write", "check_outputs", "write_json", "write_junit", "write_html", "html_writer"]
 
