@@ -31,12 +31,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 import weakref
 from typing import Any, Iterator, Sequence
 
-from reprobisect.core.outcome import Outcome
-from reprobisect.runners.explicit import revision, seal
+from reprobisect.runners.explicit import crashed, finished, open_writer, seal
 
 __all__ = ["record", "Recording"]
 
@@ -54,6 +52,10 @@ class Recording:
     @property
     def steps(self) -> int:
         return int(self.recorder.writer.steps_written)
+
+
+API = "reprobisect.tensorflow.record"
+"""The name the trace's manifest and messages give this API."""
 
 
 @contextlib.contextmanager
@@ -74,13 +76,11 @@ def record(
 ) -> Iterator[Recording]:
     """Record the first ``steps`` steps run inside the block into ``trace``."""
     from reprobisect.runners.tensorflow import RecordPolicy, TFRecorder, install_keras
-    from reprobisect.trace.writer import TraceWriter
 
     policy = RecordPolicy(steps=steps, full_steps=tuple(full_steps), state_steps=tuple(state_steps),
                           stop_on_nonfinite=stop_on_nonfinite, max_disk=max_disk, detail=detail,
                           state_every=state_every)
-    writer = TraceWriter(trace, command=list(command if command is not None else sys.argv), policy=policy.to_json(),
-                         seed=seed, revision=revision(), recorder={"api": "reprobisect.tensorflow.record"})
+    writer = open_writer(trace, policy, command=command, seed=seed, api=API)
     rec = TFRecorder(writer, policy, stop_at_limit=False).install()
     if "keras" in sys.modules:
         install_keras(rec)
@@ -92,17 +92,7 @@ def record(
         yield Recording(rec)
     except BaseException as e:
         rec.remove()
-        seal(writer, rec, Outcome("crashed", detail=f"{type(e).__name__}: {e}", step=writer.steps_written,
-                                   traceback="".join(traceback.format_exception(type(e), e, e.__traceback__))[-20000:],
-                                   trace=os.path.abspath(trace)))
+        seal(writer, rec, crashed(e, writer, trace))
         raise
     rec.remove()
-    if rec.stop is not None and rec.stop.reason == "nonfinite":
-        outcome = Outcome("nonfinite", detail=rec.stop.detail, step=rec.stop.step)
-    elif rec.failed is not None:
-        outcome = Outcome("infra", detail=rec.stop.detail if rec.stop else rec.failed)
-    elif writer.steps_written == 0:
-        outcome = Outcome("no_steps", detail="no step ran inside reprobisect.tensorflow.record(): " + rec.no_steps_detail())
-    else:
-        outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
-    seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
+    seal(writer, rec, finished(writer, rec, trace, api=API, no_steps=rec.no_steps_detail, failed=rec.failed))

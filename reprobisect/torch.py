@@ -31,11 +31,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 from typing import Any, Iterator, Sequence
 
-from reprobisect.core.outcome import Outcome
-from reprobisect.runners.explicit import revision, seal
+from reprobisect.runners.explicit import crashed, finished, open_writer, seal
 from reprobisect.runners.torch import RecordPolicy, StopRun, TorchRecorder
 from reprobisect.runners.torch_state import (
     Stateful,
@@ -58,6 +56,10 @@ __all__ = [
     "capture_rng",
     "restore_rng",
 ]
+
+
+API = "reprobisect.torch.record"
+"""The name the trace's manifest and messages give this API."""
 
 
 @contextlib.contextmanager
@@ -85,8 +87,6 @@ def record(
     records only each step's sentinels and complete state every ``state_every`` steps
     (default 50): see ``RecordPolicy.detail``.
     """
-    from reprobisect.trace.writer import TraceWriter
-
     policy = RecordPolicy(
         steps=steps,
         full_steps=tuple(full_steps),
@@ -97,14 +97,7 @@ def record(
         detail=detail,
         state_every=state_every,
     )
-    writer = TraceWriter(
-        trace,
-        command=list(command if command is not None else sys.argv),
-        policy=policy.to_json(),
-        seed=seed,
-        revision=revision(),
-        recorder={"api": "reprobisect.torch.record"},
-    )
+    writer = open_writer(trace, policy, command=command, seed=seed, api=API)
     rec = TorchRecorder(writer, policy, stop_at_limit=False)
     rec.add_root(model)
     if optimizer is not None:
@@ -116,24 +109,10 @@ def record(
         yield rec
     except BaseException as e:
         rec.remove()
-        outcome = Outcome(
-            "crashed",
-            detail=f"{type(e).__name__}: {e}",
-            step=writer.steps_written,
-            traceback="".join(traceback.format_exception(type(e), e, e.__traceback__))[-20000:],
-            trace=os.path.abspath(trace),
-        )
-        seal(writer, rec, outcome)
+        seal(writer, rec, crashed(e, writer, trace))
         raise
     rec.finish_manual()  # a loop without an optimizer: its last update ends its step here
     rec.remove()
-    if rec.stop is not None and rec.stop.reason == "nonfinite":
-        outcome = Outcome("nonfinite", detail=rec.stop.detail, step=rec.stop.step)
-    elif writer.steps_written == 0:
-        from reprobisect.runners.torch import _no_update_detail
+    from reprobisect.runners.torch import _no_update_detail
 
-        outcome = Outcome("no_steps", detail="no step ran inside reprobisect.torch.record(): "
-                                             + _no_update_detail(rec.backwards))
-    else:
-        outcome = Outcome("ok", detail=f"recorded {writer.steps_written} step(s)")
-    seal(writer, rec, Outcome(**{**outcome.to_json(), "trace": os.path.abspath(trace)}))
+    seal(writer, rec, finished(writer, rec, trace, api=API, no_steps=lambda: _no_update_detail(rec.backwards)))
