@@ -76,13 +76,21 @@ def _too_slow(durations: dict[str, dict[str, float]]) -> tuple[set[str], set[str
     return slow_tests, slow_modules
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--fast"):
-        return
+def _durations() -> dict[str, dict[str, float]]:
     import json
 
-    durations = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    slow_tests, slow_modules = _too_slow(durations)
+    return json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--fast"):
+        _keep_fast(config, items)
+    if getattr(config.option, "dist", "no") != "no":
+        _heaviest_modules_first(items)
+
+
+def _keep_fast(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_tests, slow_modules = _too_slow(_durations())
     keep, drop = [], []
     for item in items:
         marked = any(item.get_closest_marker(m) for m in _FAST_EXCLUDED_MARKS)
@@ -91,6 +99,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# ---------------------------------------------------------------- two workers (pytest-xdist)
+#
+# ./scripts/test.sh runs the suite on every core with ``--dist loadfile --no-loadscope-reorder``:
+# a module stays on one worker (its module-scoped fixtures, e.g. the one Ray cluster of
+# test_executor_ray, are set up once), and the modules go out heaviest first (measured in
+# tests/durations.json) so no worker is left alone with a long module at the end. Every
+# worker collects and sorts the same way, as xdist requires.
+
+_UNMEASURED_S = 30.0  # a module the durations file has not measured yet: assume a middling one
+
+
+def _heaviest_modules_first(items: list[pytest.Item]) -> None:
+    cost: dict[str, float] = {}
+    for nodeid, times in _durations().items():
+        cost[_module(nodeid)] = cost.get(_module(nodeid), 0.0) + sum(times.values())
+    rank = {m: (-cost.get(m, _UNMEASURED_S), m) for m in {_module(i.nodeid) for i in items}}
+    items.sort(key=lambda item: rank[_module(item.nodeid)])  # stable: a module keeps its own order
 
 
 _TIMES: dict[str, dict[str, float]] = {}
@@ -102,6 +129,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not session.config.getoption("--store-durations", default=False) or not _TIMES:
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller gets every report and writes once
         return
     import json
 

@@ -175,7 +175,7 @@ def _record_bytes(rec: TorchRecorder) -> tuple[int, int]:
         for q in [e.pending, *(e.inputs or ())]:
             if q is not None:
                 seen[id(q)] = q.nbytes
-    for q in rec._pre_clip:
+    for q in rec.observers["gradients"].pre_clip:  # the gradient observer's step state
         if not isinstance(q, torch.Tensor):
             seen[id(q)] = q.nbytes
     return sum(seen.values()), len(seen)
