@@ -143,7 +143,7 @@ def test_tiers_bitwise_and_within_noise(night):
     noisy = next(c for c in doc["checks"] if c["name"] == "noisy")
     assert noisy["verdict"] == "within-noise" and noisy["passed"], noisy["line"]
     assert noisy["noise"]["tensors"] > 0 and noisy["noise"]["runs"] == 2
-    assert doc["kind"] == "reprobisect.audit" and doc["version"] == 1
+    assert doc["kind"] == "audit" and doc["version"] == 1 and doc["verdict"] == "diverged" and doc["exit_code"] == 1
 
 
 def test_tolerance_repro_is_within_noise(night):
@@ -269,7 +269,8 @@ def test_cli_writes_junit_and_json_one_case_per_check(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1, r.stderr  # inconclusive is never a pass
     doc = json.loads((tmp_path / "a.json").read_text())
-    assert doc["kind"] == "reprobisect.audit" and [c["verdict"] for c in doc["checks"]] == ["inconclusive"] * 2
+    assert doc["kind"] == "audit" and [c["verdict"] for c in doc["checks"]] == ["inconclusive"] * 2
+    assert doc["verdict"] == "inconclusive" and doc["exit_code"] == r.returncode
     cases = [c for s in JUnitXml.fromfile(str(tmp_path / "a.xml")) for c in s]
     assert [c.name for c in cases] == ["r1", "r2"] and all(isinstance(c.result[0], Error) for c in cases)
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files

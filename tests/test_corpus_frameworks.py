@@ -188,12 +188,12 @@ def test_probe_against_a_ddp_reference_is_good_for_the_same_command_and_bad_for_
     pa, _, a = captures.get("ddp")
     assert pa.returncode == 0, _say(pa)
     proc, res = _bisect(work, "probe", "--json", "--reference", str(a), "--steps", STEPS, "--", *COMMANDS["ddp"][0])
-    assert proc.returncode == 0 and res["verdict"]["verdict"] == "good", _say(proc)
+    assert proc.returncode == 0 and res["probe_verdict"]["verdict"] == "good", _say(proc)
     pj, _, j = captures.get("job")
     assert pj.returncode == 0, _say(pj)
     proc, res = _bisect(work, "probe", "--json", "--reference", str(j), "--steps", STEPS, "--", "bash", "job.sh", "--seed", "1")
-    assert proc.returncode == 1 and res["verdict"]["verdict"] == "bad", _say(proc)
-    assert res["verdict"]["comparison"]["first"]["step"] == 0, res["verdict"]["comparison"]["first"]
+    assert proc.returncode == 1 and res["probe_verdict"]["verdict"] == "bad", _say(proc)
+    assert res["probe_verdict"]["comparison"]["first"]["step"] == 0, res["probe_verdict"]["comparison"]["first"]
 
 
 # -- repro -------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from reprobisect.workflows.demo import DEMO_COMMAND, build_demo_repo
@@ -60,6 +62,10 @@ def test_bisect_demo_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["found_planted"] is True
+    # the envelope every --json document has, and the published schema (tests/test_json_schemas.py)
+    assert (data["kind"], data["verdict"], data["exit_code"]) == ("demo", "found", r.returncode)
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas" / "demo.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
     res = data["result"]
     assert res["first_bad"]["hash"] == data["planted"]
     assert res["first_bad"]["subject"].startswith("model: hoist the LayerNorm eps")

@@ -256,7 +256,8 @@ def test_probe_command_exit_codes(runs):
     bad = _bisect("probe", "--reference", ref, "--json", "--", "python", "train.py", "--lr", "0.5", cwd=d)
     assert bad.returncode == 1, bad.stderr
     data = json.loads(bad.stdout)
-    assert data["verdict"]["verdict"] == "bad" and data["verdict"]["comparison"]["first"]["step"] == 0
+    assert data["verdict"] == "diverged" and data["exit_code"] == 1
+    assert data["probe_verdict"]["verdict"] == "bad" and data["probe_verdict"]["comparison"]["first"]["step"] == 0
     skip = _bisect("probe", "--check", "finite", "--", "python", "missing.py", cwd=d)
     assert skip.returncode == 125, skip.stderr
 

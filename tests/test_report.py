@@ -284,7 +284,7 @@ def test_bad_sources(tmp_path, make, said):
 
 
 def test_audit_document_kind_checked(tmp_path):
-    with pytest.raises(UsageError, match="kind 'reprobisect.audit'"):
+    with pytest.raises(UsageError, match="kind 'audit'"):
         write_report({"checks": []}, tmp_path / "o.html")
     with pytest.raises(UsageError, match="'checks' is not a list"):
         write_report({"kind": "reprobisect.audit", "checks": 3}, tmp_path / "o.html")

@@ -76,7 +76,7 @@ def test_independent_resume_code_gets_the_right_verdict_and_component(results, n
     verdict, component, step, says = CASES[name][1]
     assert doc, err
     f = doc["finding"] or {}
-    assert (doc["verdict"], f.get("component"), f.get("step")) == (verdict, component, step), doc
+    assert (doc["resume_verdict"], f.get("component"), f.get("step")) == (verdict, component, step), doc
     assert rc == doc["exit_code"] == (0 if verdict == "bitwise" else 1)
     assert says in json.dumps(doc), doc
     assert [r["status"] for r in doc["runs"]] == ["ok", "ok", "ok"]

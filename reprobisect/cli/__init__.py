@@ -21,6 +21,10 @@ status, never a traceback that exits 1 (1 means "diverged / bad", and under
 
 The codes are ``reprobisect.exitcodes.ExitCode``. Every command returns its code and
 ``main`` returns it to the console script, which exits with it: no command exits itself.
+
+A command given ``--json`` that ends in one of these errors still prints a JSON document on
+stdout (``reprobisect.render.envelope.error_document``: ``verdict: error``, the exit code, the
+line), so a script reading stdout always gets one document.
 """
 
 from __future__ import annotations
@@ -84,9 +88,30 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def _fail(message: str, code: int) -> int:
+# the commands whose --json is a flag (stdout carries the document); audit's --json names a file
+_JSON_COMMANDS = ("capture", "compare", "runs", "probe", "repro", "resume", "seeds", "envs", "doctor", "demo")
+
+
+def _fail(message: str, code: int, json_kind: str | None = None) -> int:
     click.echo(f"error: {message}", err=True)
+    if json_kind is not None:  # --json: stdout still carries one document
+        from reprobisect.render import envelope
+
+        click.echo(envelope.dumps(envelope.error_document(json_kind, code, message)))
     return code
+
+
+def _json_kind(args: list[str]) -> str | None:
+    """The command ``args`` run when they give it ``--json`` (before ``--``) and its --json is a flag, else None."""
+    name = _subcommand(args)
+    if name not in _JSON_COMMANDS:
+        return None
+    for a in args[args.index(name) + 1:]:
+        if a == "--":
+            return None
+        if a == "--json":
+            return name
+    return None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -142,6 +167,7 @@ def _write_traceback(exc: BaseException, args: list[str]) -> str | None:
 
 
 def _internal(exc: BaseException, args: list[str], code: int) -> int:
+    """One line (and a log file) for a reprobisect bug: exit ``code``."""
     debug = _debug(args)
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
@@ -149,7 +175,8 @@ def _internal(exc: BaseException, args: list[str], code: int) -> int:
     what = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
     where = f"traceback written to {log}" if log else "the traceback could not be written to a log file"
     hint = "" if debug else "; run with --debug to print it"
-    return _fail(f"internal error in reprobisect (a bug, not your input; please report it): {what}; {where}{hint}", code)
+    return _fail(f"internal error in reprobisect (a bug, not your input; please report it): {what}; {where}{hint}", code,
+                 _json_kind(args))
 
 
 def _os_error(e: OSError) -> str:
@@ -209,27 +236,28 @@ def main(argv: list[str] | None = None) -> int:
     probe = _subcommand(args) == "probe"
     usage = ExitCode.PROBE_USAGE if probe else ExitCode.USAGE
     internal = ExitCode.PROBE_INTERNAL if probe else ExitCode.INTERNAL
+    kind = _json_kind(args)
     try:
         with interrupt.signals_as_interrupt():
             # standalone_mode=False: click returns the command's code (and --help's 0) instead of exiting
             rv = cli.main(args=args, prog_name="bisect", standalone_mode=False)
     except ReproError as e:
         code = e.exit_code
-        return _fail(str(e), usage if (probe or code == ExitCode.USAGE) else code)
+        return _fail(str(e), usage if (probe or code == ExitCode.USAGE) else code, kind)
     except click.exceptions.NoArgsIsHelpError as e:
         e.show()  # plain `bisect`: the help text is the answer to "what can I do?"
         return usage
     except click.ClickException as e:
-        return _fail(_click_error(e, args), usage)
+        return _fail(_click_error(e, args), usage, kind)
     except click.exceptions.Abort as e:
-        return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e))
+        return _fail(str(e.__cause__ or "") or "aborted", interrupt.exit_code(e), kind)
     except KeyboardInterrupt as e:
-        return _fail(str(e) or "interrupted", interrupt.exit_code(e))
+        return _fail(str(e) or "interrupted", interrupt.exit_code(e), kind)
     except BrokenPipeError:
         return ExitCode.INTERRUPTED  # the reader of stdout went away (e.g. '| head'); nothing to say
     except OSError as e:
         if e.errno in _USER_OS_ERRORS:
-            return _fail(_os_error(e), usage)
+            return _fail(_os_error(e), usage, kind)
         return _internal(e, args, internal)
     except Exception as e:  # noqa: BLE001 -- the one boundary: a bug is exit 3, never 1
         return _internal(e, args, internal)

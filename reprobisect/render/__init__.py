@@ -9,6 +9,8 @@ imports nothing of reprobisect but itself, so any layer may render without a cyc
 ``seeds``       ``bisect seeds``
 ``envs``        ``bisect envs`` (and ``format_changes`` for environment diffs)
 ``runs``        ``bisect runs`` (imported from ``reprobisect.render.runs``; it builds on ``comparison``)
+``envelope``    the four keys every ``--json`` document starts with (kind, schema_version, verdict,
+                exit_code) and the one verdict vocabulary; the schemas are ``docs/schemas/``
 ``safe``        ``printable``/``printable_lines``: names from traces and configs with their control
                 characters escaped, for every terminal line, JUnit file and HTML page
 

@@ -1,8 +1,10 @@
 """``bisect audit``: the text summary and the audit result document (``--json``, the HTML's input).
 
-The document's shape is the contract with ``bisect report`` (``kind: reprobisect.audit``,
-``version: 1``); keys may be added, none removed or renamed. Reads results by attribute
-only; imports nothing of reprobisect but ``render.safe``: every name and line from the
+The document's shape is the contract with ``bisect report`` (``version: 1``); keys may be
+added, none removed or renamed. It starts with the envelope every ``--json`` document has
+(``render.envelope``: ``kind: audit``, ``schema_version``, ``verdict``, ``exit_code``);
+documents written before it say ``kind: reprobisect.audit`` and are still read. Reads results
+by attribute only; imports nothing of reprobisect but ``render``: every name and line from the
 config or a trace is printed with its control characters escaped (``printable``).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reprobisect.render import envelope
 from reprobisect.render.safe import printable, printable_lines
 
 __all__ = ["audit_json", "render_audit"]
@@ -30,16 +33,17 @@ def _check_json(c: Any) -> dict[str, Any]:
 
 
 def audit_json(result: Any) -> dict[str, Any]:
-    """The audit result document (see ``/docs/audit.md`` and the report's contract)."""
-    return {
-        "kind": "reprobisect.audit", "version": 1, "generator": "reprobisect", "config": result.config, "name": result.name,
+    """The audit result document (see ``/docs/audit.md`` and the report's contract); its
+    ``exit_code`` is ``result.exit_code``, the status ``bisect audit`` exits with."""
+    return envelope.document("audit", envelope.audit_verdict(result), result.exit_code, {
+        "version": 1, "generator": "reprobisect", "config": result.config, "name": result.name,
         "started": result.started, "wall_s": round(result.wall_s, 3), "passed": bool(result),
-        "exit_code": result.exit_code, "revision": result.revision, "update_golden": result.updated,
+        "revision": result.revision, "update_golden": result.updated,
         "results_dir": result.results_dir,
         "checks": [_check_json(c) for c in result.checks],
         "history": [{"night_id": n.night_id, "started": n.started, "check": n.check, "verdict": n.verdict,
                      "wall_s": round(n.wall_s, 3), "revision": n.revision, "line": n.line} for n in result.history],
-    }
+    })
 
 
 def render_audit(result: Any) -> str:

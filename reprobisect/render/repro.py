@@ -47,8 +47,9 @@ def render_probe_report(report: Any) -> str:
 
 
 def probe_report_json(report: Any) -> dict[str, Any]:
-    """What ``bisect probe --json`` prints: the verdict, the probe and the reference."""
-    return {"verdict": report.verdict.to_json(), "probe": probe_result_json(report.result), "reference": report.reference,
+    """What ``bisect probe --json`` prints after the envelope (``render.envelope``): the probe's own
+    verdict (good/bad/skip, its reason and comparison), the probe and the reference."""
+    return {"probe_verdict": report.verdict.to_json(), "probe": probe_result_json(report.result), "reference": report.reference,
             **escalation_json(getattr(report, "escalation", None))}
 
 

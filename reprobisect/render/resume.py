@@ -40,9 +40,10 @@ def render_resume(r: Any) -> str:
 
 
 def resume_json(r: Any) -> dict[str, Any]:
-    """The ``--json`` document of ``bisect resume``."""
+    """The ``--json`` document of ``bisect resume`` after the envelope (``render.envelope``);
+    ``resume_verdict`` is the resume's own word (bitwise, diverged, inconclusive)."""
     return {
-        "verdict": r.verdict,
+        "resume_verdict": r.verdict,
         "at": r.at,
         "steps": r.steps,
         "compared_steps": list(r.compared_steps),

@@ -12,7 +12,7 @@ Accepted sources (``ACCEPTED``):
   commit its re-check probed bad, compared with the parent it probed good, from the traces
   the result cache keeps (``cache/traces``) -- bitwise, as ``runs`` judges by default;
 - **a ``bisect audit --json`` document** (a file, or the loaded dict: ``kind`` is
-  ``reprobisect.audit``; ``/work/wt/audit_contract.md`` of issue 17): its checks, their
+  ``audit``, or ``reprobisect.audit`` in documents written before the shared JSON envelope; ``/work/wt/audit_contract.md`` of issue 17): its checks, their
   traces in detail where a check did not pass bitwise, and its history.
 
 Anything else is one ``UsageError`` naming the path and what is accepted. A document of a
@@ -48,7 +48,9 @@ __all__ = ["ACCEPTED", "AUDIT_KIND", "AUDIT_VERSIONS", "COMPARE_VERSIONS", "load
 ACCEPTED = ("two trace folders (A B), a folder holding two traces, a 'bisect compare --json' file, "
             "a 'bisect runs' session log (sessions/ID.jsonl, or the folder holding sessions/), "
             "or a 'bisect audit --json' file")
-AUDIT_KIND = "reprobisect.audit"
+AUDIT_KIND = "audit"
+AUDIT_KINDS = (AUDIT_KIND, "reprobisect.audit")
+"""``kind`` of an audit document: ``audit`` (the shared JSON envelope), ``reprobisect.audit`` before it."""
 AUDIT_VERSIONS = (1,)
 """The audit document ``version`` values this reader knows (``render.audit.audit_json`` writes 1)."""
 COMPARE_VERSIONS = (1,)
@@ -78,7 +80,7 @@ def _known_version(doc: Mapping[str, Any], origin: Any, what: str, key: str, kno
 def load_page(source: Any, *, tolerance: Tolerance | None = None) -> Page:
     """The page for ``source``: a path, a pair of paths, or a loaded audit document."""
     if isinstance(source, Mapping):
-        if source.get("kind") != AUDIT_KIND:
+        if source.get("kind") not in AUDIT_KINDS:
             raise _bad("<document>", f"a document without kind '{AUDIT_KIND}'")
         _known_version(source, "<audit document>", "an audit document of", "version", AUDIT_VERSIONS)
         return audit_page(source, "<audit document>", tolerance)
@@ -94,7 +96,7 @@ def load_page(source: Any, *, tolerance: Tolerance | None = None) -> Page:
     if p.suffix == ".jsonl":
         return runs_page(_session_log(p), tolerance)
     doc = _read_json(p)
-    if isinstance(doc, dict) and doc.get("kind") == AUDIT_KIND:
+    if isinstance(doc, dict) and doc.get("kind") in AUDIT_KINDS:
         _known_version(doc, p, "an audit document of", "version", AUDIT_VERSIONS)
         return audit_page(doc, str(p), tolerance)
     if isinstance(doc, dict) and isinstance(doc.get("a"), str) and isinstance(doc.get("b"), str) and "per_step" in doc:

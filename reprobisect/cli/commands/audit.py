@@ -15,7 +15,6 @@ import click
 
 from reprobisect.cli.options import executor_options
 from reprobisect.core.options import ProbeOptions
-from reprobisect.exitcodes import ExitCode
 from reprobisect.render.audit import audit_json, render_audit
 from reprobisect.workflows.audit import load_audit_config, run_audit
 from reprobisect.workflows.audit.reports import check_outputs, html_writer, write_html, write_json, write_junit
@@ -48,4 +47,4 @@ def command(options: ProbeOptions, config: str, junit: str | None, json_path: st
     if html:
         write_html(doc, html)
     click.echo(render_audit(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    return result.exit_code  # the document's exit_code too (audit_json): the file and the process agree

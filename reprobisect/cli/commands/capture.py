@@ -7,13 +7,12 @@ stepped an optimizer or timed out; 125 when it could not be tested (import failu
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import capture_options, parse_steps
 from reprobisect.core.options import ProbeOptions
 from reprobisect.executors import executor_for
+from reprobisect.render import envelope
 from reprobisect.workflows.capture import CaptureConfig, capture, display_path, outcome_lines, user_traceback
 
 __all__ = ["command"]
@@ -58,9 +57,10 @@ def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None,
     else:
         with executor_for(options) as ex:
             result = capture(list(cmd), out, config, executor=ex)
+    code = result.exit_code
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-        return result.exit_code
+        click.echo(envelope.dumps(envelope.document("capture", envelope.capture_verdict(code), code, result.to_json())))
+        return code
     for line in outcome_lines(result):  # once, on stdout; the stream above was the command's own
         click.echo(line)
     o = result.outcome
@@ -71,4 +71,4 @@ def command(out: str, options: ProbeOptions, state_steps: str, seed: str | None,
             click.echo(f"  {line}", err=True)
         if o.traceback and result.output_log:
             click.echo(f"  (the whole traceback: {display_path(result.output_log)})", err=True)
-    return result.exit_code
+    return code

@@ -7,7 +7,6 @@ command does), calls ``reprobisect.core.compare.compare_paths`` and renders the
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -17,7 +16,7 @@ from reprobisect.core import compare as _compare
 from reprobisect.core.options import ProbeOptions
 from reprobisect.executors import executor_for
 from reprobisect.exitcodes import ExitCode
-from reprobisect.render import comparison_json, render_comparison
+from reprobisect.render import comparison_json, envelope, render_comparison
 from reprobisect.render.safe import printable_lines
 from reprobisect.support.progress import verbosity
 from reprobisect.workflows.zoom import run_zoom
@@ -70,13 +69,15 @@ def command(a: str, b: str, tolerance: str | None, atol: float | None, rtol: flo
         confirm = _confirm if sys.stdin is not None and sys.stdin.isatty() else None
         with executor_for(options) as ex:  # --executor/--jobs: where the two re-runs go
             zoomed = run_zoom(a, b, result, trust=trust_trace, confirm=confirm, executor=ex, links=link)
+    code = ExitCode.OK if result else ExitCode.DIFFER
     if as_json:
-        click.echo(json.dumps(comparison_json(result, zoomed), indent=1))
+        doc = envelope.document("compare", envelope.comparison_verdict(result), code, comparison_json(result, zoomed))
+        click.echo(envelope.dumps(doc, indent=1))
     else:
         click.echo(render_comparison(result, verbose=verbosity().verbose))  # -v: every environment difference
         if zoomed is not None:
             click.echo(printable_lines(f"zoom: {zoomed}"))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    return code
 
 
 def _confirm(text: str) -> bool:

@@ -6,11 +6,10 @@ names the commit the demo planted, 1 otherwise.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.exitcodes import ExitCode
+from reprobisect.render import envelope
 from reprobisect.support.progress import Progress
 from reprobisect.workflows.demo import DEMO_COMMAND, run_demo
 
@@ -41,13 +40,14 @@ def command(directory: str | None, jobs: int, keep: bool, quiet: bool, as_json: 
 
         repo, result = run_demo(directory, jobs=jobs, quiet=quiet, keep=keep, progress=bar, on_built=started)
     hit = result.first_bad is not None and result.first_bad.hash == repo.culprit
+    code = ExitCode.OK if hit else ExitCode.DIFFER
     if as_json:
-        click.echo(json.dumps({"repository": str(repo.path), "planted": repo.culprit, "found_planted": hit,
-                               "result": result.to_json()}, indent=2))
+        body = {"repository": str(repo.path), "planted": repo.culprit, "found_planted": hit, "result": result.to_json()}
+        click.echo(envelope.dumps(envelope.document("demo", envelope.demo_verdict(hit), code, body)))
     else:
         click.echo(str(result))
         click.echo(
             f"\nthe demo planted its numerics change in {repo.culprit[:10]}: "
             + ("found it." if hit else "NOT found (see above).")
         )
-    return ExitCode.OK if hit else ExitCode.DIFFER
+    return code

@@ -6,13 +6,12 @@ bad input (an unknown ``--check``, no command after ``--``).
 
 from __future__ import annotations
 
-import json
-
 import click
 from click.core import ParameterSource
 
 from reprobisect.cli.options import load_config, probe_options, split_command
 from reprobisect.core.options import ProbeOptions
+from reprobisect.render import envelope
 from reprobisect.render.doctor import doctor_json, render_doctor
 from reprobisect.workflows.doctor import CHECKS, DEFAULT_OVERFIT_STEPS, DEFAULT_STEPS, parse_checks, run_doctor
 
@@ -50,5 +49,9 @@ def command(options: ProbeOptions, checks: tuple[str, ...], as_json: bool, overf
     todo = parse_checks(checks)  # before anything runs: an unknown name is one line, exit 2
     argv = split_command(cmd)
     result = run_doctor(argv, _steps(options), checks=todo, overfit_steps=overfit_steps)
-    click.echo(json.dumps(doctor_json(result), indent=2) if as_json else render_doctor(result))
-    return result.exit_code
+    code = result.exit_code
+    if as_json:
+        click.echo(envelope.dumps(envelope.document("doctor", envelope.doctor_verdict(result), code, doctor_json(result))))
+    else:
+        click.echo(render_doctor(result))
+    return code

@@ -6,14 +6,12 @@ Exit 0 when the runs agree, 1 when they differ, 2 for bad input.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.exitcodes import ExitCode
-from reprobisect.render import envs_json, render_envs
+from reprobisect.render import envelope, envs_json, render_envs
 from reprobisect.workflows.envs import run_envs
 from reprobisect.workflows.repro import DEFAULT_CONFIRM_MAX
 
@@ -40,5 +38,10 @@ def command(options: ProbeOptions, spec_a: str, spec_b: str, confirm: bool, conf
             cmd: tuple[str, ...]) -> int:
     """Compare one command under two environments."""
     result = run_envs(split_command(cmd), options, a=spec_a, b=spec_b, confirm=confirm, confirm_max=confirm_max)
-    click.echo(json.dumps(envs_json(result), indent=2) if as_json else render_envs(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    code = ExitCode.OK if result else ExitCode.DIFFER
+    if as_json:
+        verdict = envelope.comparison_verdict(result.comparison)
+        click.echo(envelope.dumps(envelope.document("envs", verdict, code, envs_json(result))))
+    else:
+        click.echo(render_envs(result))
+    return code

@@ -9,13 +9,11 @@ already checked the commit out, so no worktree is made.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
-from reprobisect.render import probe_report_json, render_probe_report
+from reprobisect.render import envelope, probe_report_json, render_probe_report
 from reprobisect.render.comparison import command_warning
 from reprobisect.render.safe import printable_lines
 from reprobisect.workflows import repro
@@ -41,12 +39,14 @@ def command(options: ProbeOptions, reference: str | None, check: str | None, as_
     blaming the commit.
     """
     report = repro.probe_checkout(split_command(cmd), options, check=check, reference=reference)
+    code = report.exit_code
     if as_json:
-        click.echo(json.dumps(probe_report_json(report), indent=2))
-        return report.exit_code
+        verdict = envelope.probe_verdict(report.verdict)
+        click.echo(envelope.dumps(envelope.document("probe", verdict, code, probe_report_json(report))))
+        return code
     comparison = getattr(report.verdict, "comparison", None)
     warning = command_warning(comparison.env) if comparison is not None else None
     if warning:  # this checkout ran with other arguments than the reference: not like for like
         click.echo(printable_lines(warning.replace("the two runs were", "this run and the reference were")))
     click.echo(render_probe_report(report))
-    return report.exit_code
+    return code

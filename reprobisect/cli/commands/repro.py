@@ -6,14 +6,12 @@ default), 1 when not, 2 for bad input or runs that produced nothing to compare.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.exitcodes import ExitCode
-from reprobisect.render import render_repro, repro_json
+from reprobisect.render import envelope, render_repro, repro_json
 from reprobisect.workflows.repro import DEFAULT_CONFIRM_MAX, run_repro
 
 __all__ = ["command"]
@@ -42,5 +40,9 @@ def command(options: ProbeOptions, runs: int, hashseed_differ: bool, confirm: bo
     """
     result = run_repro(split_command(cmd), options, runs=runs, hashseed_differ=hashseed_differ, confirm=confirm,
                        confirm_max=confirm_max)
-    click.echo(json.dumps(repro_json(result), indent=2) if as_json else render_repro(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    code = ExitCode.OK if result else ExitCode.DIFFER
+    if as_json:
+        click.echo(envelope.dumps(envelope.document("repro", envelope.repro_verdict(result), code, repro_json(result))))
+    else:
+        click.echo(render_repro(result))
+    return code

@@ -6,13 +6,12 @@ not (or no verdict: a run crashed, the command is not deterministic), 2 for bad 
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.exitcodes import ExitCode
+from reprobisect.render import envelope
 from reprobisect.render.resume import render_resume, resume_json
 from reprobisect.workflows.resume import check_resume, split_resume_args
 
@@ -35,5 +34,9 @@ def command(options: ProbeOptions, at: int | None, resume_args: str | None, as_j
         raise UsageError("give --at K: the number of steps after which the run is interrupted (below --steps)")
     args = split_resume_args(resume_args)
     result = check_resume(split_command(cmd), args, at=at, options=options)
-    click.echo(json.dumps(resume_json(result), indent=2) if as_json else render_resume(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    code = ExitCode.OK if result else ExitCode.DIFFER
+    if as_json:
+        click.echo(envelope.dumps(envelope.document("resume", envelope.resume_verdict(result), code, resume_json(result))))
+    else:
+        click.echo(render_resume(result))
+    return code

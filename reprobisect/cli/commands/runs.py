@@ -7,7 +7,6 @@ found, 2 for bad input.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import click
@@ -16,6 +15,7 @@ from reprobisect.cli.options import NON_NEGATIVE, link_option, probe_options, sp
 from reprobisect.core.options import ProbeOptions
 from reprobisect.errors import UsageError
 from reprobisect.exitcodes import ExitCode
+from reprobisect.render import envelope
 from reprobisect.workflows.runs import RunsConfig, find_first_bad
 
 __all__ = ["command"]
@@ -64,8 +64,9 @@ def command(good: str, bad: str, check: str, first_parent: bool, repeat: int, re
                    first_parent=first_parent, repeat=repeat, resume=resume, terms=names,  # type: ignore[arg-type]
                    lock_timeout=lock_timeout)
     )
+    code = ExitCode.OK if result else ExitCode.DIFFER
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(envelope.dumps(envelope.document("runs", envelope.runs_verdict(result), code, result.to_json())))
     else:
         click.echo(str(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    return code

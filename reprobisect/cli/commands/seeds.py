@@ -6,14 +6,12 @@ the seed, 2 for bad input (no ``{seed}`` in the command, fewer than two seeds).
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reprobisect.cli.options import probe_options, split_command
 from reprobisect.core.options import ProbeOptions
 from reprobisect.exitcodes import ExitCode
-from reprobisect.render import render_seed_map, seed_map_json
+from reprobisect.render import envelope, render_seed_map, seed_map_json
 from reprobisect.workflows.seeds import run_seeds
 
 __all__ = ["command"]
@@ -36,5 +34,9 @@ def command(options: ProbeOptions, seeds: str, noise_floor: bool, confirm: bool,
     augmentation can be separated from data order.
     """
     result = run_seeds(split_command(cmd), options, seeds=seeds, noise=noise_floor, confirm=confirm)
-    click.echo(json.dumps(seed_map_json(result), indent=2) if as_json else render_seed_map(result))
-    return ExitCode.OK if result else ExitCode.DIFFER
+    code = ExitCode.OK if result else ExitCode.DIFFER
+    if as_json:
+        click.echo(envelope.dumps(envelope.document("seeds", envelope.seeds_verdict(result), code, seed_map_json(result))))
+    else:
+        click.echo(render_seed_map(result))
+    return code
