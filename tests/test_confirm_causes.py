@@ -72,10 +72,11 @@ def test_the_hashseed_hint_is_a_question_with_its_check(tmp_path):
 
 def test_candidates_follow_the_evidence(tmp_path):
     a, b = _trace(tmp_path / "a"), _trace(tmp_path / "b", order=(1, 0))
-    assert _candidates(a, b) == ["hashseed", "loader_seed"]  # data order, hashing randomised: hashing first
+    # data order, hashing randomised: hashing first; the unseeded global RNGs after (reprobisect.core.hints.with_global_rngs)
+    assert _candidates(a, b) == ["hashseed", "loader_seed", "numpy_seed", "random_seed"]
     h0 = {"PYTHONHASHSEED": "0"}
     assert _candidates(_trace(tmp_path / "c", env_vars=h0), _trace(tmp_path / "d", env_vars=h0, order=(1, 0))) \
-        == ["loader_seed"]  # hashing was fixed: not a candidate
+        == ["loader_seed", "numpy_seed", "random_seed"]  # hashing was fixed: not a candidate
     # the initial parameters differ under one recorded seed: the record names the cause, nothing to test
     assert _candidates(_trace(tmp_path / "e", init=1), _trace(tmp_path / "f", init=2, order=(1, 0))) == []
 
@@ -94,11 +95,11 @@ def test_seeds_that_differ_under_randomised_hashing_are_tested_for_hash(tmp_path
 def test_math_candidates_only_for_one_command_and_not_what_is_in_force(tmp_path):
     a, b = _trace(tmp_path / "a"), _trace(tmp_path / "b", loss_bits=1e-6)
     assert _candidates(a, b) == []  # between commits a math difference is the code
-    assert _candidates(a, b, same_command=True) == ["one_thread", "deterministic"]  # CPU: threads first
+    assert _candidates(a, b, same_command=True) == ["one_thread", "deterministic", "numpy_seed", "random_seed"]
     det = {"deterministic_algorithms": True}
     c, d = _trace(tmp_path / "c", determinism=det, threads=1), _trace(tmp_path / "d", determinism=det, threads=1,
                                                                       loss_bits=1e-6)
-    assert _candidates(c, d, same_command=True) == []
+    assert _candidates(c, d, same_command=True) == ["numpy_seed", "random_seed"]  # only the global RNGs are left
 
 
 def test_confirmation_wording():
@@ -205,8 +206,9 @@ def test_a_clock_seeded_shuffle_is_not_blamed_on_the_hash_seed(scripts, capsys):
     assert OLD_WORDING not in text and "confirmed" not in text
     assert "not this: still differs with PYTHONHASHSEED=0 (first difference again at step 0 · batch" in text
     assert "something outside the seeds orders the data (the time, the pid" in text
-    assert [(c["candidate"], c["agreed"]) for c in data["causes"]] == [("hashseed", False), ("loader_seed", False)]
-    assert traces == 6
+    assert [(c["candidate"], c["agreed"]) for c in data["causes"]] == [
+        ("hashseed", False), ("loader_seed", False), ("numpy_seed", False), ("random_seed", None)]
+    assert traces == 8
 
 
 @pytest.mark.slow
@@ -236,7 +238,8 @@ def test_confirm_max_caps_the_candidates_tried(scripts, capsys):
     agree, text, data, traces = _repro(scripts, "clock.py", confirm_max=1)
     assert not agree
     assert traces == 4
-    assert [(c["candidate"], c["agreed"]) for c in data["causes"]] == [("hashseed", False), ("loader_seed", None)]
+    assert [(c["candidate"], c["agreed"]) for c in data["causes"]] == [
+        ("hashseed", False), ("loader_seed", None), ("numpy_seed", None), ("random_seed", None)]
     assert "(not tried: --confirm-max 1 reached)" in text
 
 

@@ -11,14 +11,16 @@ each one is given only when the evidence makes its cause plausible:
                        or string hashing (``PYTHONHASHSEED`` unset or different, and the
                        first divergence is in data order while the parameters agree).
 ``evaluation_hint``    evaluation that drew from the global RNG moved the training after it
-                       (the evaluation before the first differing record of a training
-                       forward differed, everything before agreed).
+                       (the evaluation in the step of the first differing record of a
+                       training forward, or in the step before it when a batch was fetched
+                       ahead, differed; everything before agreed).
 ``cause_candidates``   the causes a re-run can test for two runs of one command that differ
                        (string hashing, the loader's generator, one thread, deterministic
                        algorithms, TF op determinism), each with what to hold fixed; the
                        re-runs are ``reprobisect.workflows.confirm``'s.
-``lr_note``            a learning-rate / scheduler difference next to a ``param``
-                       divergence whose gradients agreed (shown under the divergence).
+``lr_note``            a learning-rate / scheduler / optimizer-hyperparameter difference
+                       (betas, eps, weight decay, momentum, ... per param group) next to a
+                       ``param`` divergence whose gradients agreed (shown under the divergence).
 
 ``compare_traces`` stores ``lr_note`` and ``divergence_hints`` on the ``Comparison``
 (``explanation``, ``hints``); ``render`` prints them, so ``compare``, ``repro``, ``probe``
@@ -47,6 +49,7 @@ __all__ = [
     "HOLD_VAR",
     "CauseCandidate",
     "cause_candidates",
+    "with_global_rngs",
 ]
 
 SEED_FIX = ("seed before building the model (torch.manual_seed(N) / lightning.seed_everything(N) / "
@@ -182,10 +185,13 @@ def _show(v: Any) -> str:
 
 
 def lr_note(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
-    """``lr differs: 1e-3 vs 2e-3 at step 0`` when the learning rate (or scheduler state)
-    differs at or before the first divergence and that divergence is a ``param`` record
-    whose step's gradients agreed (or were not recorded): the update rule, not the
-    gradients, changed. None otherwise."""
+    """``lr differs: 1e-3 vs 2e-3 at step 0`` (or ``the optimizer's weight_decay differs: 0 vs
+    0.01 (param group 0) at step 0``) when the learning rate, the scheduler state or another
+    hyperparameter of the update (``scalars.hyperparams``: betas, eps, weight decay,
+    momentum, ...) differs at or before the first divergence and that divergence is a
+    ``param`` record whose step's gradients agreed (or were not recorded): the update rule,
+    not the gradients, changed. A trace that recorded no hyperparameters (older ones) has
+    nothing to say about them. None otherwise."""
     first = getattr(comp, "first", None)
     if first is None or trace_a is None or trace_b is None:
         return None
@@ -198,14 +204,44 @@ def lr_note(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
     for k in sorted(set(by_a) & set(by_b)):
         if k > first.step:
             break
-        la, lb = _lr_values(by_a[k].scalars), _lr_values(by_b[k].scalars)
-        diffs = [key for key in sorted(set(la) | set(lb)) if not _same(la.get(key), lb.get(key))]
-        if diffs:
-            key = diffs[0]
-            what = key
-            more = f" (and {len(diffs) - 1} more scalar(s))" if len(diffs) > 1 else ""
-            return f"{what} differs: {_show(la.get(key, '(absent)'))} vs {_show(lb.get(key, '(absent)'))} at step {k}{more}"
+        sa, sb = by_a[k].scalars, by_b[k].scalars
+        la, lb = _lr_values(sa), _lr_values(sb)
+        said = [f"{key} differs: {_show(la.get(key, '(absent)'))} vs {_show(lb.get(key, '(absent)'))}"
+                for key in sorted(set(la) | set(lb)) if not _same(la.get(key), lb.get(key))]
+        n_lr = len(said)
+        said += _hyperparam_diffs(sa, sb)
+        if said:
+            if n_lr == len(said) and n_lr > 1:  # learning rates only: as before
+                return f"{said[0]} at step {k} (and {n_lr - 1} more scalar(s))"
+            more = f" (and {len(said) - 1} more: {'; '.join(said[1:4])}{'; ...' if len(said) > 4 else ''})" \
+                if len(said) > 1 else ""
+            return f"{said[0]} at step {k}{more}"
     return None
+
+
+def _hyperparams(scalars: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """``scalars.hyperparams``: one dict per param group, or None when not recorded."""
+    groups = (scalars or {}).get("hyperparams")
+    if not isinstance(groups, list):
+        return None
+    return [g if isinstance(g, dict) else {} for g in groups]
+
+
+def _hyperparam_diffs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """``the optimizer's eps differs: 1e-08 vs 1e-06 (param group 0)`` for each hyperparameter
+    that differs between two steps' scalars; nothing when either side did not record them."""
+    ga, gb = _hyperparams(a), _hyperparams(b)
+    if ga is None or gb is None:
+        return []
+    groups: dict[str, list[int]] = {}  # one line per key and pair of values, naming its groups
+    for g in range(min(len(ga), len(gb))):
+        da, db = ga[g], gb[g]
+        for key in list(da) + [k for k in db if k not in da]:
+            va, vb = da.get(key, "(absent)"), db.get(key, "(absent)")
+            if not _same(va, vb):
+                groups.setdefault(f"the optimizer's {key} differs: {_show(va)} vs {_show(vb)}", []).append(g)
+    return [f"{said} (param group{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))})"
+            for said, gs in groups.items()]
 
 
 def _grads_differ(comp: Any, step: int) -> bool:
@@ -335,44 +371,72 @@ _FORWARD_KINDS = ("batch", "input", "activation", "output", "loss")
 _EVAL_KEYS = ("phase", "forwards", "batches", "samples", "ids_fingerprint")
 
 
-def _evaluation_until(trace: Any, k: int) -> list[tuple[int, tuple[Any, ...]]]:
-    """The evaluation runs recorded in steps ``<= k`` (``scalars.eval``), without timing."""
-    out = []
+_EVAL_REACH = 1
+"""How many steps after an evaluation its draws from the global RNG can first show in training:
+the same step (training draws after it) or the next one (a batch drawn before it and used one
+step later: nanoGPT fetches the next batch ahead, then evaluates at the top of the next
+iteration). An evaluation further back that moved the RNG would have moved the steps between."""
+
+
+def _evaluation_near(trace: Any, k: int) -> dict[int, list[tuple[Any, ...]]]:
+    """The evaluation runs recorded in steps ``k - _EVAL_REACH .. k`` (``scalars.eval``), by
+    step, without timing: what could have moved the global RNG before step ``k``'s draws."""
+    out: dict[int, list[tuple[Any, ...]]] = {}
     for s in getattr(trace, "steps", ()):
         if s.step > k:
             break
-        for run in (s.scalars or {}).get("eval") or ():
-            if isinstance(run, dict):
-                out.append((s.step, tuple(run.get(key) for key in _EVAL_KEYS)))
+        if s.step < k - _EVAL_REACH:
+            continue
+        runs = [tuple(run.get(key) for key in _EVAL_KEYS) for run in (s.scalars or {}).get("eval") or ()
+                if isinstance(run, dict)]
+        if runs:
+            out[s.step] = runs
     return out
+
+
+def _evaluation_said(ra: list[tuple[Any, ...]], rb: list[tuple[Any, ...]]) -> str:
+    """What differed in one step's evaluation: who ran it, or how much it ran."""
+    if not ra or not rb:
+        return f"{'A' if ra else 'B'} evaluated there, {'B' if ra else 'A'} did not"
+    fa, fb = sum(r[1] or 0 for r in ra), sum(r[1] or 0 for r in rb)
+    if fa != fb:
+        return f"{fa} vs {fb} evaluation forwards"
+    ba, bb = sum(r[2] or 0 for r in ra), sum(r[2] or 0 for r in rb)
+    if ba != bb:
+        return f"{ba} vs {bb} evaluation batches"
+    return "other evaluation batches or phases"
 
 
 def evaluation_hint(trace_a: Any, trace_b: Any, comp: Any) -> str | None:
     """Evaluation that changed the training after it: the first divergence is in a training
     step's forward (its data, an activation, the output, the loss) from parameters that
-    agreed, and the evaluation before it differed in what it ran (forwards, batches,
-    samples). Evaluation that draws from the global RNG moves every random draw of training
-    after it: ``torch.randint`` batches, a shuffled sampler, dropout masks, and each new
-    DataLoader iterator, which takes its base seed from the global RNG unless the loader
-    has its own generator."""
+    agreed, and the evaluation recorded in that step or the one before (``_EVAL_REACH``)
+    differed in whether or what it ran (forwards, batches, samples). Evaluation that draws
+    from the global RNG moves every random draw of training after it: ``torch.randint``
+    batches, a shuffled sampler, dropout masks, and each new DataLoader iterator, which
+    takes its base seed from the global RNG unless the loader has its own generator. A
+    batch drawn before the evaluation (fetched ahead) shows the move one step later. No
+    evaluation difference near the divergence: no hint (an older one would have moved the
+    steps between)."""
     first = getattr(comp, "first", None)
     if first is None or first.kind not in _FORWARD_KINDS or trace_a is None or trace_b is None:
         return None
     if _init_differs(comp, trace_a, trace_b):
         return None
-    ea, eb = _evaluation_until(trace_a, first.step), _evaluation_until(trace_b, first.step)
-    if ea == eb:
+    ea, eb = _evaluation_near(trace_a, first.step), _evaluation_near(trace_b, first.step)
+    where = next((k for k in sorted(set(ea) | set(eb)) if ea.get(k, []) != eb.get(k, [])), None)
+    if where is None:
         return None
-    where = next((sa for (sa, ra), (_, rb) in zip(ea, eb) if ra != rb), None)
-    if where is None:  # one side evaluated more often
-        longer = ea if len(ea) > len(eb) else eb
-        where = longer[min(len(ea), len(eb))][0]
+    said = _evaluation_said(ea.get(where, []), eb.get(where, []))
     what = "training data" if first.kind in ("batch", "input") else "forward"
-    return (f"the evaluation before step {first.step} differed between the runs (first in step {where}'s "
-            f"evaluation) and the {what} of step {first.step} is the first difference: evaluation that draws from "
-            "the global RNG moves every random draw of training after it (torch.randint batches, shuffling, dropout "
-            "masks; each new DataLoader iterator takes a seed from it unless the loader has a generator=); give "
-            "evaluation its own torch.Generator to keep training independent of it")
+    late = ("" if where == first.step else
+            ", one step after that evaluation (as when the next batch is drawn before evaluating and used in the "
+            "step after it, like nanoGPT's loop)")
+    return (f"the evaluation before step {first.step} differed between the runs (in step {where}'s evaluation: "
+            f"{said}) and the {what} of step {first.step} is the first difference{late}; evaluation that draws "
+            "from the global RNG moves every random draw of training after it (torch.randint batches, shuffling, "
+            "dropout masks; each new DataLoader iterator takes a seed from it unless the loader has a generator=); "
+            "give evaluation its own torch.Generator to keep training independent of it")
 
 
 def layers_hidden(trace: Any) -> str | None:
@@ -522,6 +586,7 @@ def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: boo
     runs of one command (``same_command``: between commits it is the code): TF op
     determinism for a TensorFlow trace; else deterministic algorithms first on CUDA and one
     thread first on the CPU. A setting the trace shows in force already is not tried again.
+    Both lists also get the unseeded global RNGs (``with_global_rngs``).
     """
     first = getattr(comp, "first", None)
     if first is None or trace_a is None or trace_b is None:
@@ -537,7 +602,7 @@ def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: boo
             out.append(_hashseed_candidate(hint))
         if first.kind in _ORDER_KINDS and _loader_recorded(trace_a, trace_b, first.step):
             out.append(_loader_candidate())
-        return out
+        return with_global_rngs(out, trace_a, trace_b, first)
     if not same_command or first.kind not in _MATH_KINDS:
         return []
     env = getattr(getattr(trace_a, "manifest", None), "environment", None) or {}
@@ -547,7 +612,7 @@ def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: boo
         order = [_deterministic_candidate(), _thread_candidate()]
     else:
         order = [_thread_candidate(), _deterministic_candidate()]
-    return [c for c in order if not _in_force(c.name, env)]
+    return [c for c in with_global_rngs(order, trace_a, trace_b, first) if not _in_force(c.name, env)]
 
 
 def _seed_candidates(trace_a: Any, trace_b: Any) -> list[CauseCandidate]:
@@ -585,3 +650,77 @@ def _in_force(name: str, env: dict[str, Any]) -> bool:
     if name == "tf_determinism":
         return ev.get("TF_DETERMINISTIC_OPS") in ("1", "true", "True")
     return False
+
+
+# --------------------------------------------------------------------------- global RNGs as causes to test
+
+_OUTSIDE_DRAWS = ("something else draws differently in every run (a generator seeded from the time or the pid, "
+                  "another unseeded generator?)")
+
+
+def _numpy_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="numpy_seed", held="NumPy's global RNG seeded (numpy.random.seed(0) at start-up)",
+        env={HOLD_VAR: "numpy_seed"},
+        question="does the run draw from NumPy's global RNG (np.random.*), which nothing seeds?",
+        cause="the run draws from NumPy's global RNG (np.random.*), which nothing seeds (torch.manual_seed does not)",
+        fix="seed it (np.random.seed(N)) or draw from a seeded generator (np.random.default_rng(N), a torch.Generator)",
+        outside=_OUTSIDE_DRAWS)
+
+
+def _random_candidate() -> CauseCandidate:
+    return CauseCandidate(
+        name="random_seed", held="Python's random module seeded (random.seed(0) at start-up)",
+        env={HOLD_VAR: "random_seed"},
+        question="does the run draw from Python's random module (random.*), which nothing seeds?",
+        cause="the run draws from Python's random module (random.*), which nothing seeds (torch.manual_seed does not)",
+        fix="seed it (random.seed(N)) or draw from a seeded random.Random(N)", outside=_OUTSIDE_DRAWS)
+
+
+def _global_seed_candidate(layers: list[str]) -> CauseCandidate:
+    named = f" ({', '.join(layers[:4])}{' …' if len(layers) > 4 else ''} got no seed=)" if layers else ""
+    what = (f"an unseeded random layer{named} draws a new mask/noise in every run" if layers
+            else "an unseeded random op (a Dropout or noise layer without seed=, tf.random.* without a seed, "
+                 "NumPy or Python random) draws differently in every run")
+    return CauseCandidate(
+        name="global_seed", held="a global seed (random, NumPy and tf.random seeded with 0 at start-up, as "
+                                 "keras.utils.set_random_seed(0))",
+        env={HOLD_VAR: "global_seed"}, question=f"does {what}, with no global seed set?",
+        cause=f"{what}, and no global seed is set",
+        fix=("give the layer a seed (e.g. Dropout(rate, seed=N)) or call keras.utils.set_random_seed(N) "
+             "(tf.random.set_seed(N)) before building the model"),
+        outside=_OUTSIDE_MATH)
+
+
+def _tf_extra(trace: Any) -> dict[str, Any]:
+    extra = getattr(getattr(trace, "manifest", None), "extra", None) or {}
+    tf_info = extra.get("tensorflow") if isinstance(extra, dict) else None
+    return tf_info if isinstance(tf_info, dict) else {}
+
+
+def with_global_rngs(order: list[CauseCandidate], trace_a: Any, trace_b: Any, first: Any) -> list[CauseCandidate]:
+    """``order`` with the unseeded global RNGs as candidates too: any draw from them (an
+    augmentation, a dropout mask, a shuffle of one's own) differs in every run however torch
+    is seeded.
+
+    TensorFlow (the manifest has ``extra.tensorflow``): one candidate, a global seed; first
+    when the recorder listed random layers built without ``seed=`` and no global seed
+    (``unseeded_random_layers``, ``global_seed``), since in graph mode no layer output names
+    them, else last. Otherwise NumPy's then Python's global RNG: before the loader's generator
+    when both runs fetched the same sample ids at the first differing step (the samples' values
+    differ, not their order: what loading them drew), else after the others.
+    """
+    tf_a, tf_b = _tf_extra(trace_a), _tf_extra(trace_b)
+    if tf_a or tf_b:
+        layers = list(tf_a.get("unseeded_random_layers") or tf_b.get("unseeded_random_layers") or ())
+        seeded = tf_a.get("global_seed") is not None and tf_b.get("global_seed") is not None
+        c = _global_seed_candidate([str(x) for x in layers])
+        return [c, *order] if layers and not seeded else [*order, c]
+    rngs = [_numpy_candidate(), _random_candidate()]
+    sa, sb = _step(trace_a, first.step), _step(trace_b, first.step)
+    same_ids = (first.kind in _ORDER_KINDS and sa is not None and sb is not None and sa.batch_ids is not None
+                and sa.batch_ids == sb.batch_ids)
+    if not same_ids:
+        return [*order, *rngs]
+    keep = [c for c in order if c.name != "loader_seed"]
+    return [*keep, *rngs, *[c for c in order if c.name == "loader_seed"]]

@@ -22,7 +22,7 @@ from typing import Any
 
 from reprobisect.render.safe import printable, printable_lines
 
-__all__ = ["command_warning", "comparison_json", "format_number", "render_comparison", "render_divergence", "render_env",
+__all__ = ["command_warning", "comparison_json", "format_number", "init_lines", "render_comparison", "render_divergence", "render_env",
            "sentinel_text"]
 
 _ENV_SHOWN = 20
@@ -225,7 +225,7 @@ def render_comparison(c: Any, *, verbose: bool = False) -> str:
         return printable_lines("\n".join(lines))
     lines.extend(_first_lines(c))
     lines.append("  " + render_divergence(c.first, with_localization=True))
-    lines.extend(_followed_lines(c))
+    lines.extend(init_lines(c))
     explanation = getattr(c, "explanation", "")
     if explanation:
         lines.append(f"    ↳ likely explanation: {explanation}")
@@ -259,15 +259,23 @@ def render_comparison(c: Any, *, verbose: bool = False) -> str:
     return printable_lines("\n".join(lines))
 
 
-def _followed_lines(c: Any) -> list[str]:
-    """Under a first divergence in the initial parameters: the data order that differs in
-    the same step, as what followed (a question about why, never a cause stated as fact)."""
-    after = [d for d in getattr(c, "next", ()) if getattr(d, "localization", "") == "followed_init"]
-    if not after or c.first.kind != "init":
+def init_lines(c: Any) -> list[str]:
+    """Under a first divergence in an ``init`` record: in words, the initial parameters differ
+    (the initialisation, the run's earliest event), which of them, and the data order that
+    differs in the same step as what followed it (a question about why, never a cause
+    stated as fact)."""
+    first = getattr(c, "first", None)
+    if first is None or first.kind != "init":
         return []
-    d = after[0]
-    return [f"    ↳ then the data order differs too (step {d.step}: {d.diff.detail}): it followed the "
-            "initialisation — did the initialisation draw from the global RNG before the loader shuffled?"]
+    inits = [d for d in (first, *getattr(c, "next", ())) if d.kind == "init"]
+    names = ", ".join(printable(d.name) for d in inits[:4]) + (" …" if len(inits) > 4 else "")
+    lines = [f"    ↳ the initial parameters differ (the initialisation, before the first step): {names}"]
+    after = [d for d in getattr(c, "next", ()) if getattr(d, "localization", "") == "followed_init"]
+    if after:
+        d = after[0]
+        lines.append(f"    ↳ then the data order differs too (step {d.step}: {d.diff.detail}): it followed the "
+                     "initialisation — did the initialisation draw from the global RNG before the loader shuffled?")
+    return lines
 
 
 def _verdict_lines(c: Any, what: str) -> list[str]:

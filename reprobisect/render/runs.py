@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprobisect.render import render_divergence
+from reprobisect.render.comparison import init_lines
 from reprobisect.render.safe import printable_lines
 
 __all__ = [
@@ -95,7 +96,7 @@ def divergence_text(comp: Any) -> str:
     first = comp.first
     if first is None:
         return f"structure changed: {comp.structure}"
-    text = render_divergence(first, with_localization=True)
+    text = "\n".join([render_divergence(first, with_localization=True), *init_lines(comp)])
     if getattr(comp, "explanation", ""):
         text += f"\n    ↳ likely explanation: {comp.explanation}"
     for h in list(getattr(comp, "hints", None) or ()):

@@ -11,6 +11,11 @@ it sets itself; what needs a call inside the process is named in ``REPROBISECT_H
 ``one_thread``      ``torch.set_num_threads(1)`` (and one inter-op thread where still allowed)
 ``deterministic``   ``torch.use_deterministic_algorithms(True)``, cuDNN deterministic, no benchmark
 ``tf_determinism``  ``tf.config.experimental.enable_op_determinism()``
+``numpy_seed``      ``numpy.random.seed(0)``: NumPy's global RNG, which ``torch.manual_seed`` leaves alone
+``random_seed``     ``random.seed(0)``: Python's ``random`` module (Keras 3 draws the seed of every
+                    layer built without ``seed=`` from it)
+``global_seed``     all three global RNGs of a TensorFlow run (``random``, NumPy, ``tf.random.set_seed(0)``),
+                    as ``keras.utils.set_random_seed(0)`` does
 
 Unlike the recorders (which only observe), this changes the run on purpose: it is set only
 for confirming re-runs, never for the runs being judged. Registered in
@@ -28,7 +33,7 @@ from reprobisect.core.hints import HOLD_VAR
 
 __all__ = ["HOLDS", "held", "activate_torch", "activate_tensorflow"]
 
-HOLDS = ("loader_seed", "one_thread", "deterministic", "tf_determinism")
+HOLDS = ("loader_seed", "one_thread", "deterministic", "tf_determinism", "numpy_seed", "random_seed", "global_seed")
 """What ``REPROBISECT_HOLD`` may name."""
 
 _GENERATOR_POSITION = 12
@@ -43,6 +48,7 @@ def held() -> frozenset[str]:
 def activate_torch(run: Any) -> None:
     """Hold fixed what ``REPROBISECT_HOLD`` names for torch; returns None (no recorder)."""
     holds = held()
+    _seed_globals(holds)
     if not holds & {"loader_seed", "one_thread", "deterministic"}:
         return None
     import torch  # imported by the script already: this is its activation
@@ -60,6 +66,22 @@ def activate_torch(run: Any) -> None:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     return None
+
+
+def _seed_globals(holds: frozenset[str]) -> None:
+    """Seed the global RNGs ``holds`` names (NumPy's, Python's) with 0, at the framework's import:
+    before the script builds its model or draws its data."""
+    if holds & {"numpy_seed", "global_seed"}:
+        try:
+            import numpy as np
+        except ImportError:  # no NumPy: nothing of it to hold
+            pass
+        else:
+            np.random.seed(0)
+    if holds & {"random_seed", "global_seed"}:
+        import random
+
+        random.seed(0)
 
 
 def _seed_loaders(torch: Any) -> None:
@@ -80,10 +102,15 @@ def _seed_loaders(torch: Any) -> None:
 
 
 def activate_tensorflow(run: Any) -> None:
-    """TF op determinism when ``REPROBISECT_HOLD`` names it; returns None (no recorder)."""
-    if "tf_determinism" not in held():
+    """TF op determinism, the global seeds, when ``REPROBISECT_HOLD`` names them; returns None (no recorder)."""
+    holds = held()
+    _seed_globals(holds)
+    if not holds & {"tf_determinism", "global_seed"}:
         return None
     import tensorflow as tf  # imported by the script already
 
-    tf.config.experimental.enable_op_determinism()
+    if "tf_determinism" in holds:
+        tf.config.experimental.enable_op_determinism()
+    if "global_seed" in holds:
+        tf.random.set_seed(0)
     return None

@@ -7,6 +7,11 @@ named by its path of layer names (``block.dense_1``), ``#k`` for the k-th repeat
 step, ``[i]`` for the i-th tensor of a structured result, ``module`` = the layer's class,
 ``inputs`` = its inputs' fingerprints (eager only: in graph mode layer outputs are not
 tapped). A root call with no tape recording is evaluation (``tf_evaluation``).
+
+At the first training call the model's random layers built without ``seed=`` are listed
+(``info["unseeded_random_layers"]``, with ``info["global_seed"]``: TensorFlow's global seed,
+None when unset): in graph mode no layer output is tapped, so when two runs first differ at
+the model's output this list is what can name a Dropout layer drawing its own mask per run.
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ class TFLayersObserver(Observer):
         rec = self.rec
         if rec.model_ref is None or rec.model_ref() is None:
             rec.model_ref = weakref.ref(layer)
+        if "unseeded_random_layers" not in rec.info:
+            rec.info["unseeded_random_layers"] = _unseeded_random_layers(layer)
+            rec.info["global_seed"] = _global_seed()
         mode = "eager" if eager else ("xla" if _in_xla() else "graph")
         rec._modes.add(mode)
         rec.info["mode"] = "+".join(sorted(rec._modes))
@@ -103,6 +111,24 @@ class TFLayersObserver(Observer):
         fp, _, _ = rec._fp(t)
         rec._fp_cache[id(t)] = (t, fp)
         return fp
+
+
+def _unseeded_random_layers(model: Any) -> list[str]:
+    """``name (Class)`` of each layer under ``model`` that draws random numbers (a Keras seed
+    generator: Dropout, GaussianNoise, the random augmentation layers) and got no ``seed=``."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten(include_self=True, recursive=True)) if callable(flatten) else [model]
+    return [f"{lay.name} ({type(lay).__name__})" for lay in layers
+            if (hasattr(lay, "seed_generator") or hasattr(lay, "_random_generator"))
+            and getattr(lay, "seed", 0) is None]
+
+
+def _global_seed() -> int | None:
+    """TensorFlow's global seed (``tf.random.set_seed``), read without drawing an op seed."""
+    from tensorflow.python.eager import context
+
+    seed = context.global_seed()
+    return None if seed is None else int(seed)
 
 
 register_observer("tensorflow", "layers", TFLayersObserver, rank=30)

@@ -3,7 +3,10 @@
 A Keras optimizer's outermost ``apply`` (``apply_gradients`` calls it; a
 ``LossScaleOptimizer``'s inner call is part of it) is one step: the variables before the
 first update (``init``, step 0), each gradient as passed to ``apply`` (named like its
-variable), every variable after the update and every optimizer variable; ``scalars.lr``.
+variable), every variable after the update and every optimizer variable; ``scalars.lr``, and
+``scalars.hyperparams`` (one group: the optimizer's ``beta_1``, ``beta_2``, ``epsilon``,
+``weight_decay``, ``momentum``, ``nesterov``, ``amsgrad``, ... that are plain numbers or bools,
+read from the optimizer's attributes at each step's end).
 In graph mode the values after the update are tapped in the graph, after the update ops.
 ``None`` gradients are findings (printed once, in the step's scalars and the manifest).
 Trainable variables of the model never passed to ``apply`` (a loop that filters the
@@ -20,10 +23,30 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from reprobisect.errors import UsageError
-from reprobisect.runners.chain import Observer, register_observer, unique
+from reprobisect.runners.chain import Observer, json_float, register_observer, unique
 from reprobisect.runners.observers.tf_common import _Apply, _dense, _in_xla, _read, _tensors, _total_norm, _var_name
 
-__all__ = ["TFOptimizerObserver"]
+__all__ = ["TFOptimizerObserver", "HYPERPARAMS"]
+
+HYPERPARAMS = ("beta_1", "beta_2", "epsilon", "weight_decay", "momentum", "nesterov", "amsgrad", "rho",
+               "centered", "clipnorm", "clipvalue", "global_clipnorm")
+"""Keras optimizer attributes that change the update besides the learning rate (Adam/AdamW,
+SGD, RMSprop; gradient clipping happens inside ``apply``, after the recorded gradients)."""
+
+
+def _hyperparams(opt: Any) -> list[dict[str, Any]] | None:
+    """``opt``'s ``HYPERPARAMS`` that are plain bools or numbers, as one group (None without
+    an optimizer: a step ended by hand). A variable or schedule is left out (not plain)."""
+    if opt is None:
+        return None
+    out: dict[str, Any] = {}
+    for key in HYPERPARAMS:
+        v = getattr(opt, key, None)
+        if isinstance(v, bool):
+            out[key] = v
+        elif isinstance(v, (int, float)):
+            out[key] = json_float(float(v))
+    return [out]
 
 
 class TFOptimizerObserver(Observer):
@@ -111,6 +134,9 @@ class TFOptimizerObserver(Observer):
         occ: dict[tuple[str, str], int] = {}
         opt_names = [unique(occ, "optim_state", _var_name(v)) for v in opt_vars]
         if not pre.graph:
+            hyper = _hyperparams(pre.opt)
+            if hyper is not None:
+                rec._scalars["hyperparams"] = hyper
             rec._end_step(pre, [_read(v) for v in pre.variables], opt_names, [_read(v) for v in opt_vars], pre.lr,
                           pre.gnorm)
             return
@@ -128,6 +154,9 @@ class TFOptimizerObserver(Observer):
             rest = iter(values[n_p + n_o:])
             lr = next(rest) if pre.lr is not None else None
             gnorm = next(rest) if pre.gnorm is not None else None
+            hyper = _hyperparams(pre.opt)  # read as this step runs, not when the graph was traced
+            if hyper is not None:
+                rec._scalars["hyperparams"] = hyper
             rec.guarded("step", rec._end_step, pre, list(values[:n_p]), opt_names if ostate else [],
                         list(values[n_p:n_p + n_o]), lr, gnorm)
 

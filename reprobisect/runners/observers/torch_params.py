@@ -2,19 +2,51 @@
 
 At the optimizer's step post-hook: every parameter of the optimizer (``param``) and every
 tensor in its state (``optim_state``, ``fc.weight/exp_avg``; none under sentinel detail),
-begun together (a constant number of device ops: ``batched_torch``); ``scalars.lr`` per group.
+begun together (a constant number of device ops: ``batched_torch``); ``scalars.lr`` per group,
+and ``scalars.hyperparams`` per group: the update rule's other settings (``betas``, ``eps``,
+``weight_decay``, ``momentum``, ...; plain numbers and bools only), so that a changed setting
+can be named as the likely explanation of a divergence, like a changed learning rate.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
-from reprobisect.runners.chain import Observer, register_observer
+from reprobisect.runners.chain import Observer, json_float, register_observer
 from reprobisect.runners.observers.torch_common import _float
 
-__all__ = ["ParamsObserver"]
+__all__ = ["ParamsObserver", "HYPERPARAMS"]
+
+HYPERPARAMS = ("betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize",
+               "alpha", "centered", "rho", "lr_decay", "decoupled_weight_decay")
+"""Param-group keys of ``torch.optim`` optimizers that change the update besides ``lr``
+(Adam/AdamW, SGD, RMSprop, Adadelta, Adagrad), recorded when a group holds them."""
+
+
+def _plain(v: Any) -> Any:
+    """``v`` as JSON when it is a plain bool, number or tuple of numbers (``betas``), else None
+    (a tensor hyperparameter is left out: reading it could wait on the device)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return json_float(float(v))
+    if isinstance(v, (tuple, list)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return [json_float(float(x)) for x in v]
+    return None
+
+
+def _hyperparams(group: dict[str, Any]) -> dict[str, Any]:
+    """One param group's ``HYPERPARAMS`` that it holds as plain values."""
+    out = {}
+    for key in HYPERPARAMS:
+        if key in group:
+            v = _plain(group[key])
+            if v is not None:
+                out[key] = v
+    return out
 
 
 class ParamsObserver(Observer):
@@ -39,6 +71,7 @@ class ParamsObserver(Observer):
                             items.append(("optim_state", f"{name}/{key}", value))
             rec._add_many(items)  # together: a constant number of device ops (batched_torch)
         rec._scalars["lr"] = [_float(group.get("lr")) for group in opt.param_groups]
+        rec._scalars["hyperparams"] = [_hyperparams(group) for group in opt.param_groups]
         rec._record_s += time.perf_counter() - t0
 
 
