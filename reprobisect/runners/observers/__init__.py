@@ -7,6 +7,7 @@ before clipping), ``torch_manual`` (updates by hand, without ``torch.optim``),
 ``torch_batches`` (DataLoader attribution, data order for state capture), ``torch_doctor``
 (the doctor's extras: layer modes, the loss expression, ``bisect doctor``'s switches),
 ``torch_lossgraph`` (what enters a loss on logits: range, row sums, producing op),
+``torch_lossshapes`` (element-wise loss arguments whose shapes broadcast to more elements),
 ``torch_evaluation`` (evaluation summaries), ``torch_init`` (parameters before the first
 update), ``torch_forward`` (inputs, activations, outputs), ``torch_params`` (parameters and
 optimizer state after the update), ``torch_capture`` (state capture, seeds, schedulers).

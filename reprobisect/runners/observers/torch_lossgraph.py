@@ -102,3 +102,6 @@ def _measure(name: str, x: torch.Tensor) -> dict[str, Any]:
 
 
 register_observer("torch", "lossgraph", LossInputObserver, rank=62)
+
+# the shapes given to element-wise losses are the contract's too (registered on import, with its rank)
+from reprobisect.runners.observers import torch_lossshapes  # noqa: E402,F401

@@ -2,11 +2,14 @@
 
 From one recorded run:
 
-- ``[N, 1]`` predictions against ``[N]`` targets broadcasting to ``[N, N]`` on the way to
-  the loss (a hand-written ``(pred - y) ** 2``, or ``F.mse_loss``/``l1_loss`` given those
-  shapes): the PyTorch recorder walks the first step's loss graph and notes the op
-  (``scalars.loss_broadcast``). Pairwise expressions (``[N, 1]`` against ``[1, N]``) are
-  not reported;
+- predictions and targets whose shapes broadcast to more elements than either in an
+  element-wise loss (``[B]`` against ``[B, 1]`` into ``F.mse_loss``/``l1_loss``/... or their
+  ``nn`` modules): the PyTorch recorder compares the shapes at the call
+  (``scalars.loss_shape_broadcast``, ``runners.observers.torch_lossshapes``); the BCE pair
+  refuse such shapes and crash (``CRASH_CONTRACT``, with the shapes); a hand-written
+  ``(pred - y) ** 2`` of ``[N, 1]`` against ``[N]``: the recorder walks the first step's loss
+  graph and notes the op (``scalars.loss_broadcast``). Pairwise expressions (``[N, 1]``
+  against ``[1, N]``, both from the model) are not reported;
 - probabilities fed to a loss that expects logits: the recorder sees ``log_softmax`` (inside
   ``cross_entropy``) or ``nll_loss`` right after a ``softmax``, or
   ``binary_cross_entropy_with_logits`` right after a ``sigmoid``, in the first step's loss graph
@@ -32,13 +35,15 @@ has a gradient and changes").
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 from typing import Any
 
 from reprobisect.trace.format import Record, Step, stat_value
 from reprobisect.trace.reader import Trace
 from reprobisect.workflows.doctor.model import Finding
 
-__all__ = ["CRASH_CONTRACT", "check_contract", "loss_input", "loss_findings", "probability_floor"]
+__all__ = ["CRASH_CONTRACT", "check_contract", "crash_cause", "loss_input", "loss_findings", "probabilities_bound", "probability_floor"]
 
 CRASH_CONTRACT = (
     (r"Target -?\d+ is out of bounds|t >= 0 && t < n_classes", "",
@@ -50,15 +55,30 @@ CRASH_CONTRACT = (
     (r"multi-target not supported", "",
      "the targets have one dimension too many for class indices ([N, 1] instead of [N])",
      "pass targets of shape [N] (class indices) to CrossEntropyLoss/NLLLoss"),
+    (r"Target size \(torch\.Size\(\[([\d, ]*)\]\)\) must be the same as input size \(torch\.Size\(\[([\d, ]*)\]\)\)"
+     r"|Using a target size \(torch\.Size\(\[([\d, ]*)\]\)\) that is different to the input size "
+     r"\(torch\.Size\(\[([\d, ]*)\]\)\)", "",
+     "the targets' shape ({target}) differs from the predictions' ({input}) and this loss refuses to broadcast them",
+     "give the predictions the targets' shape where the loss is computed (pred.view_as(target), or squeeze/unsqueeze "
+     "the trailing dimension of 1, whichever matches the label semantics)"),
     (r"can't be cast to the desired output type (Long|Int|Short|Byte|Bool)", r"loss",
      "the targets are integers but the loss computes in floating point (BCE/BCEWithLogits/MSE expect float targets)",
      "cast the targets with .float() (and give them the prediction's shape)"),
 )
 """(pattern of the crash's last line, pattern the traceback must also hold or "", cause, next)
 for contract violations the loss raises; a pattern that other code can raise too (a cast) needs
-a loss in the traceback."""
+a loss in the traceback. A pattern with groups gives the target's and the input's shape, in the
+order the message names them (``{target}``, ``{input}`` in the cause: ``crash_cause``)."""
 
 _TOL = 1e-4
+
+
+def crash_cause(cause: str, m: re.Match[str]) -> str:
+    """``cause`` of a ``CRASH_CONTRACT`` entry with the shapes its pattern matched filled in."""
+    if "{target}" not in cause:
+        return cause
+    shapes = [f"[{g}]" for g in m.groups() if g is not None]
+    return cause.format(target=shapes[0], input=shapes[1]) if len(shapes) >= 2 else cause
 
 
 def _stat(r: Record, k: str) -> float | None:
@@ -69,8 +89,13 @@ def _stat(r: Record, k: str) -> float | None:
 
 
 def _broadcast(steps: list[Step]) -> list[Finding]:
-    hit = next(((s, s.scalars["loss_broadcast"]) for s in steps if isinstance(s.scalars.get("loss_broadcast"), dict)),
-               None)
+    """An element-wise loss given shapes that broadcast to more elements (measured at the call,
+    ``scalars.loss_shape_broadcast``), else an ``[N, 1]`` against ``[N]`` broadcast in the first
+    step's loss graph (``scalars.loss_broadcast``)."""
+    called = _first(steps, "loss_shape_broadcast")
+    if called is not None:
+        return [_called_broadcast(*called)]
+    hit = _first(steps, "loss_broadcast")
     if hit is None:
         return []
     s, b = hit
@@ -82,6 +107,42 @@ def _broadcast(steps: list[Step]) -> list[Finding]:
                     "wrong even for perfect predictions", ev,
                     "align the shapes where the loss is computed (targets.unsqueeze(1) or predictions.squeeze(1), "
                     "whichever matches the label semantics), not a blanket squeeze elsewhere")]
+
+
+_WARNS = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+"""The losses that broadcast different shapes with a warning (the BCE pair raise instead)."""
+
+
+def _first(steps: list[Step], key: str) -> tuple[Step, dict[str, Any]] | None:
+    """The first step whose scalar ``key`` is a dict, with it."""
+    return next(((s, s.scalars[key]) for s in steps if isinstance(s.scalars.get(key), dict)), None)
+
+
+def _shape(x: Any) -> str:
+    return "[" + ", ".join(str(d) for d in x) + "]" if isinstance(x, list) else "?"
+
+
+def _align(inp: list[int], tgt: list[int]) -> str:
+    """How to give the prediction the target's shape (the usual trailing dimension of 1)."""
+    if tgt[:-1] == inp and tgt[-1:] == [1]:
+        return "pred.unsqueeze(-1) (or target.squeeze(-1))"
+    if inp[:-1] == tgt and inp[-1:] == [1]:
+        return "pred.squeeze(-1) (or target.unsqueeze(-1))"
+    return "pred.view_as(target), if they hold the same elements"
+
+
+def _called_broadcast(s: Step, b: dict[str, Any]) -> Finding:
+    inp, tgt, to = b.get("input") or [], b.get("target") or [], b.get("to") or []
+    ev = {"step": s.step, "loss_fn": b.get("loss"), "input_shape": inp, "target_shape": tgt, "broadcast_to": to,
+          "loss": s.scalars.get("loss")}
+    return Finding("contract", "error",
+                   f"the loss {b.get('loss')} gets predictions of shape {_shape(inp)} and targets of shape "
+                   f"{_shape(tgt)}, which broadcast to {_shape(to)}: every prediction is compared with every "
+                   "target, so the loss is wrong even for perfect predictions"
+                   + (" (torch only warns: \"Using a target size that is different to the input size\")"
+                      if b.get("loss") in _WARNS else ""), ev,
+                   f"give the predictions the targets' shape where the loss is computed: {_align(inp, tgt)}, "
+                   "whichever matches the label semantics")
 
 
 def _loss_input(step: Step, loss: Record) -> Record | None:
@@ -139,6 +200,34 @@ _SPELLINGS = {"SigmoidBackward0": ("a sigmoid's output (each value in [0, 1])", 
 """The op that made the loss input -> (what it is, what to remove)."""
 
 
+def probabilities_bound(steps: list[Step]) -> dict[str, Any] | None:
+    """``{"loss", "floor", "of", "why"}`` when the run feeds probabilities to a loss on logits and
+    something besides their range shows it (the op that made them, a softmax in the loss graph, or
+    cross-entropy rows that sum to 1: logits can lie in [0, 1] too at the first call), with the
+    value that loss cannot go below while its input stays in [0, 1]: cross-entropy over C classes
+    -log(e / (e + C - 1)); BCE-with-logits log(1 + 1/e) per element (for a target 1; log 2 for a
+    target 0). None otherwise."""
+    m = loss_input(steps)
+    if not _in_unit(m):
+        return None
+    spelled = _SPELLINGS.get(str(m.get("made_by")))
+    if spelled is not None:
+        why = spelled[0]
+    elif m.get("loss") == "cross_entropy" and _sums_to_one(m):
+        why = "values in [0, 1] whose rows sum to 1"
+    elif _first(steps, "loss_probabilities") is not None:
+        why = "a softmax or sigmoid right before it in the loss graph"
+    else:
+        return None
+    c = m.get("classes") or 0
+    if m.get("loss") == "cross_entropy" and c >= 2:
+        return {"loss": "cross_entropy", "floor": math.log(1 + (c - 1) / math.e), "of": f"for {c} classes", "why": why}
+    if m.get("loss") == "binary_cross_entropy_with_logits":
+        return {"loss": m["loss"], "floor": math.log(1 + 1 / math.e), "of": "per element with 0/1 targets",
+                "why": why}
+    return None
+
+
 def _measured_probabilities(steps: list[Step]) -> list[Finding]:
     """The tensor entering cross_entropy/BCE-with-logits is probabilities (its op, or its values)."""
     m = loss_input(steps)
@@ -147,8 +236,8 @@ def _measured_probabilities(steps: list[Step]) -> list[Finding]:
         return []
     what, remove = spelled or ("values in [0, 1] whose rows sum to 1 (probabilities)", "normalisation")
     ev = {k: m.get(k) for k in ("loss", "shape", "classes", "min", "max", "row_sum_dev", "made_by") if k in m}
-    floor = probability_floor(steps)
-    tail = f"; the loss cannot go below {floor[0]:.4g} (its floor for {floor[1]} classes)" if floor else ""
+    bound = probabilities_bound(steps)
+    tail = f"; the loss cannot go below {bound['floor']:.4g} (its floor {bound['of']})" if bound else ""
     return [Finding("contract", "error", f"the loss {m.get('loss')} expects logits but gets {what}; measured "
                     f"min {m.get('min'):.3g}, max {m.get('max'):.3g}: it applies "
                     f"{'the sigmoid' if 'binary' in str(m.get('loss')) else 'log_softmax'} itself, so the "
@@ -162,6 +251,11 @@ def _probabilities(steps: list[Step]) -> list[Finding]:
     if graph:
         if m:  # the measured input agrees: its range and row sums are evidence too
             graph[0].evidence.update({f"input_{k}": m[k] for k in ("min", "max", "row_sum_dev") if k in m})
+        bound = probabilities_bound(steps)
+        if bound:
+            graph[0].evidence["floor"] = round(bound["floor"], 6)
+            return [replace(graph[0], cause=graph[0].cause + f"; the loss cannot go below {bound['floor']:.4g} "
+                            f"(its floor {bound['of']})")]
         return graph
     measured = _measured_probabilities(steps)
     if measured:
@@ -196,11 +290,16 @@ def _probabilities(steps: list[Step]) -> list[Finding]:
 def check_contract(trace: Trace) -> list[Finding]:
     """The ``contract`` findings of one recorded run, or one ``info``."""
     steps = list(trace.steps)
+    if not steps:
+        return [Finding("contract", "info", "not checked — the run recorded no training step, so no loss was seen",
+                        {"steps": 0}, "")]
     found = _broadcast(steps) + _probabilities(steps)
     if found:
         return found
     return [Finding("contract", "info", "no shape broadcast into the loss and no probabilities fed to a loss that "
-                    "expects logits were seen", {"steps": len(steps)}, "")]
+                    f"expects logits were seen over {len(steps)} step(s) (looked at: the shapes given to element-wise "
+                    "losses, the first step's loss graph, the input of cross-entropy and BCE-with-logits)",
+                    {"steps": len(steps)}, "")]
 
 
 def _num(x: Any) -> float | None:

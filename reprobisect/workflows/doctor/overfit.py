@@ -18,6 +18,12 @@ was switched off, and how long the run took. Verdicts:
 - cross-entropy on probabilities (the recorder's ``scalars.loss_input``: values in [0, 1])
   ending at its floor, -log(e / (e + C - 1)) for C classes: ``warning``, "plateaus at X, the
   floor of cross-entropy on probabilities" (never a fit, even at 100 % accuracy);
+- a loss on logits fed probabilities (shown by the op that made them, or rows that sum to 1)
+  and still above the value it cannot go below: ``warning``, "not shown to fit one batch" with
+  that value, whatever the accuracy;
+- a loss that broadcasts predictions against targets to a bigger shape (the fixed-batch run's
+  own ``scalars.loss_shape_broadcast``/``loss_broadcast``): ``info``, inconclusive, whatever the
+  verdict would be (kept as ``fixed_batch_result``): the loss's minimum is not at the targets;
 - a learning rate at 0 at the end of the run (a schedule drove it there): ``info``,
   inconclusive (``update`` names it);
 - not run: no batch came from a ``DataLoader`` to repeat: ``info``, inconclusive (never a pass).
@@ -26,11 +32,12 @@ was switched off, and how long the run took. Verdicts:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from reprobisect.trace.format import Step, stat_value
 from reprobisect.trace.reader import Trace
-from reprobisect.workflows.doctor.contract import probability_floor
+from reprobisect.workflows.doctor.contract import probabilities_bound, probability_floor
 from reprobisect.workflows.doctor.model import Finding
 
 __all__ = ["DEFAULT_OVERFIT_STEPS", "check_overfit"]
@@ -91,9 +98,62 @@ def _bound(steps: list[Step], vals: list[float], acc_end: Any, took: str, ev: di
                     "pass logits to the loss, not probabilities (`--check contract` names the op)")]
 
 
+def _on_probabilities(steps: list[Step], vals: list[float], acc_end: Any, took: str,
+                      ev: dict[str, Any]) -> list[Finding]:
+    """A loss on logits fed probabilities (``contract.probabilities_bound``), still above the value
+    it cannot go below: whatever the accuracy, the fixed-batch test cannot show a fit. A loss that
+    went below that value says the input is no longer probabilities: the usual verdicts apply."""
+    b = probabilities_bound(steps)
+    first, end = vals[0], vals[-1]
+    if b is None or end < b["floor"] * 0.98:
+        return []
+    ev.update(floor=round(b["floor"], 6), loss_input=b["why"])
+    acc = f", accuracy {acc_end:.0%}" if acc_end is not None else ""
+    why = ("an accuracy of 100% on one batch is not a fit of the loss" if acc_end == 1.0 else
+           "the fixed-batch test cannot show a fit")
+    return [Finding("overfit", "warning", f"not shown to fit one batch: the loss went from {first:.4g} to {end:.4g}"
+                    f"{acc} ({took}), but the loss {b['loss']} is fed {b['why']}, so it cannot go below "
+                    f"{b['floor']:.4g} {b['of']}: {why}", ev,
+                    "pass logits to the loss, not probabilities (`--check contract` names the op), then run the "
+                    "fixed-batch test again")]
+
+
+def _broadcast_note(steps: list[Step]) -> dict[str, Any] | None:
+    """The broadcast into the loss the fixed-batch run itself recorded (``scalars.loss_shape_broadcast``
+    or ``loss_broadcast``), or None."""
+    for key in ("loss_shape_broadcast", "loss_broadcast"):
+        b = next((s.scalars[key] for s in steps if isinstance(s.scalars.get(key), dict)), None)
+        if b is not None:
+            return b
+    return None
+
+
+def _with_broadcast(found: list[Finding], steps: list[Step]) -> list[Finding]:
+    """A verdict of a fixed-batch run whose loss broadcasts predictions against targets to a bigger
+    shape: the loss's minimum is not at the targets, so whether it fits says nothing about the
+    model until the shapes agree; the verdict is kept as evidence (``fixed_batch_result``)."""
+    b = _broadcast_note(steps)
+    if b is None or not found or found[0].cause.startswith(("inconclusive", "on one repeated batch")):
+        return found
+    f = found[0]
+    shapes = (f"{b.get('input')} against {b.get('target')} to {b.get('to')}" if "input" in b
+              else f"{b.get('from')} to {b.get('to')}")
+    return [replace(f, severity="info", cause=f"inconclusive: the loss broadcasts {shapes} (see [contract]), so it "
+                    "compares every prediction with every target and its minimum is not at the targets: the "
+                    "fixed-batch result says nothing about the model until the shapes agree",
+                    evidence={**f.evidence, "fixed_batch_result": f.cause, "loss_broadcast": b},
+                    next="make the predictions and targets the same shape where the loss is computed "
+                    "(`--check contract`), then run the fixed-batch test again")]
+
+
 def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Finding]:
     """The ``overfit`` finding of the fixed-batch run (``asked`` steps, ``wall_s`` seconds)."""
     steps = list(trace.steps) if trace is not None else []
+    return _with_broadcast(_verdict(steps, wall_s=wall_s, asked=asked), steps)
+
+
+def _verdict(steps: list[Step], *, wall_s: float, asked: int) -> list[Finding]:
+    """The fixed-batch run's verdict from its loss (and accuracy) per step."""
     info = [s.scalars.get("overfit") for s in steps if isinstance(s.scalars.get("overfit"), dict)]
     base: dict[str, Any] = {"steps_run": len(steps), "steps_asked": asked, "wall_s": round(wall_s, 2)}
     if not steps:
@@ -122,7 +182,7 @@ def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Fin
     first, end = vals[0], vals[-1]
     acc_end = accs[-1]
     took = f"{len(steps)} steps, {base['wall_s']:g} s"
-    bound = _bound(steps, vals, acc_end, took, ev)
+    bound = _bound(steps, vals, acc_end, took, ev) or _on_probabilities(steps, vals, acc_end, took, ev)
     if bound:
         return bound
     if acc_end == 1.0 or end <= 0.1 * first or abs(end) < 1e-3:

@@ -28,7 +28,7 @@ from reprobisect.executors import executor_for
 from reprobisect.trace.ranks import read_rank0
 from reprobisect.trace.reader import Trace
 from reprobisect.workflows.capture import CaptureConfig, CaptureResult, capture
-from reprobisect.workflows.doctor.contract import CRASH_CONTRACT
+from reprobisect.workflows.doctor.contract import CRASH_CONTRACT, crash_cause
 from reprobisect.workflows.doctor.finite import first_nonfinite
 from reprobisect.workflows.doctor.model import RUN, Finding
 
@@ -123,8 +123,9 @@ def _outcome_findings(res: CaptureResult, trace: Trace | None) -> list[Finding]:
         if any(p in (o.traceback or "") + ev["last_line"] for p in _DETACHED):
             return [_no_graph_crash(ev, before)]
         for line, where, cause, nxt in CRASH_CONTRACT:
-            if re.search(line, ev["last_line"]) and (not where or re.search(where, o.traceback or "")):
-                return [Finding("contract", "error", f"the loss raised{_at(o)}: {cause}", ev, nxt)]
+            m = re.search(line, ev["last_line"])
+            if m and (not where or re.search(where, o.traceback or "")):
+                return [Finding("contract", "error", f"the loss raised{_at(o)}: {crash_cause(cause, m)}", ev, nxt)]
         return [Finding(RUN, "error", f"the command crashed{_at(o)}: {ev['last_line'] or o.detail}", ev,
                         "fix the crash (the whole output is output.log in the trace with -o), then run the doctor again")]
     if o.status is Status.NO_STEPS:
