@@ -22,9 +22,10 @@ batch. Evaluation (``no_grad``/``inference_mode``) in the end-of-step code runs 
 
 What the end-of-step code saved is noted for the verdict (``environment["preempt"]`` in the
 manifest, through the recorder's ``environment_extra``): each ``torch.save`` after the last step with the state it held
-(the optimizer steps taken, a scheduler's ``last_epoch``) and the ``scheduler.step()`` calls
-that came after it — a checkpoint saved before its scheduler stepped is told from one that
-never saved the scheduler.
+(the optimizer steps taken, a scheduler's ``last_epoch``, whether it holds an optimizer a
+scheduler drives: ``initial_lr`` in its param groups) and the ``scheduler.step()`` calls that
+came after it — a checkpoint saved before its scheduler stepped is told from one that never
+saved the scheduler.
 """
 
 from __future__ import annotations
@@ -60,9 +61,12 @@ def _evaluation_fetch(rec: Any, it: Any) -> bool:
 
 
 def _scheduler_states(obj: Any, depth: int = 0) -> list[dict[str, Any]]:
-    """The LR-scheduler state dicts inside a saved object (nested dicts/lists, a few levels)."""
+    """The LR-scheduler states inside a saved object (state dicts, or schedulers saved whole;
+    nested dicts/lists, a few levels)."""
     if depth > 4:
         return []
+    if hasattr(obj, "last_epoch") and hasattr(obj, "optimizer") and callable(getattr(obj, "state_dict", None)):
+        return [{"last_epoch": getattr(obj, "last_epoch", None), "step_count": getattr(obj, "_step_count", None)}]
     if isinstance(obj, dict):
         if "last_epoch" in obj and "_step_count" in obj:
             return [{"last_epoch": obj.get("last_epoch"), "step_count": obj.get("_step_count")}]
@@ -70,6 +74,22 @@ def _scheduler_states(obj: Any, depth: int = 0) -> list[dict[str, Any]]:
     if isinstance(obj, (list, tuple)):
         return [s for v in list(obj)[:64] for s in _scheduler_states(v, depth + 1)]
     return []
+
+
+def _scheduled_optimizer(obj: Any, depth: int = 0) -> bool:
+    """Whether a saved object holds an optimizer state dict whose param groups carry ``initial_lr``:
+    an LR scheduler was attached to that optimizer (its constructor sets it), whether or not the
+    scheduler's own state was saved beside it."""
+    if depth > 4:
+        return False
+    if isinstance(obj, dict):
+        groups = obj.get("param_groups")
+        if isinstance(groups, list) and "state" in obj:
+            return any(isinstance(g, dict) and "initial_lr" in g for g in groups)
+        return any(_scheduled_optimizer(v, depth + 1) for v in list(obj.values())[:64])
+    if isinstance(obj, (list, tuple)):
+        return any(_scheduled_optimizer(v, depth + 1) for v in list(obj)[:64])
+    return False
 
 
 def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
@@ -82,7 +102,8 @@ def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
         out = save(obj, f, *args, **kwargs)
         name = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
         saves.append({"file": name, "optimizer_steps": int(getattr(rec, "_opt_posts", 0) or 0),
-                      "schedulers": _scheduler_states(obj), "scheduler_steps_after": 0})
+                      "schedulers": _scheduler_states(obj), "scheduler_steps_after": 0,
+                      "scheduled_optimizer": _scheduled_optimizer(obj)})
         return out
 
     base = lr_scheduler.LRScheduler

@@ -76,7 +76,10 @@ Replay (``--replay-from``, ``runners.replay_tf``): steps before ``record_from`` 
 
 Stopping: after ``policy.steps`` steps ``StopRun`` is raised: at once from ``apply`` in
 eager mode, else when the ``tf.function`` running the step returns (``fit``'s train
-function or the script's own).
+function or the script's own). With ``policy.defer_stop`` (``bisect resume``: a preemption
+comes after the step's own code, its checkpoint save) the stop waits until the next step
+begins: the next call of a ``tf.function`` a step ended in, or an eager loop's next
+``GradientTape.gradient``; or the process ends by itself.
 
 How it is built: a step chain plus observers, as the torch recorder. ``TFRecorder`` owns the
 step (its buffer, graph taps, chain order, the end of a step, the policy and the record
@@ -154,6 +157,8 @@ class TFRecorder:
         self._undo: list[Callable[[], None]] = []
         self._keras = False
         self._stop_raised = False
+        self._running: list[Any] = []  # the tf.functions being called (outermost first)
+        self._train_fns: set[int] = set()  # ids of the tf.functions a step ended in: their next call is a step
         self._disk = 0  # bytes of full tensors kept so far (policy.max_disk)
         self._in_fit = 0  # inside model.fit: its batches come from train_step, not next()
         self._applied = 0  # steps an optimizer's apply ended since the last manual_step
@@ -285,6 +290,8 @@ class TFRecorder:
 
         def gradient(orig: Callable) -> Callable:
             def wrapped(tape: Any, target: Any, sources: Any, *a: Any, **k: Any) -> Any:
+                if rec.stop is not None:
+                    rec.raise_if_stopped(begin=True)  # a deferred stop: an eager loop's next backward
                 if rec.active:
                     rec.backwards += 1
                     rec.guarded("loss", rec._tap, "loss", "loss", _tensors(target))
@@ -293,7 +300,13 @@ class TFRecorder:
 
         def call(orig: Callable) -> Callable:
             def wrapped(fn: Any, *a: Any, **k: Any) -> Any:
-                out = orig(fn, *a, **k)
+                if rec.stop is not None and id(fn) in rec._train_fns:
+                    rec.raise_if_stopped(begin=True)  # a deferred stop: the next step begins
+                rec._running.append(fn)
+                try:
+                    out = orig(fn, *a, **k)
+                finally:
+                    rec._running.pop()
                 if rec.stop is not None:
                     rec.raise_if_stopped()
                 return out
@@ -349,10 +362,16 @@ class TFRecorder:
             self._internal_error(where, e)
             return None
 
-    def raise_if_stopped(self) -> None:
+    def raise_if_stopped(self, *, begin: bool = False) -> None:
         """Raise the recorder's ``StopRun`` at a safe point (eager Python, never inside a graph
         or a ``tf.py_function``); once, like the torch recorder: a program that swallows it
-        runs on unrecorded."""
+        runs on unrecorded. With ``policy.defer_stop`` (``bisect resume``'s preemption) the stop
+        after the last step waits for a point where the next step begins (``begin``: a call of a
+        tf.function a step ended in, a training forward, an optimizer's apply), so the step's own
+        code after the update (the checkpoint save) runs first, as it does for torch."""
+        deferred = self.policy.defer_stop and self.stop is not None and self.stop.reason == "ok"
+        if deferred and not begin:
+            return
         if self.stop is not None and self.stop_at_limit and not self._stop_raised and tf.executing_eagerly():
             self._stop_raised = True
             raise self.stop
@@ -376,6 +395,7 @@ class TFRecorder:
         self.write_step(lr=lr, none_names=pre.none_names, n_vars=len(pre.names), gnorm=gnorm)
         if self.policy.wants_state(self.step - 1) and self.step > self.record_from:
             self._capture_state(self.step - 1, pre.opt, pre.variables)
+        self._train_fns.update(id(f) for f in self._running)
         self._check_stop()
 
     def write_step(self, *, lr: Any = None, none_names: list[str] = (), n_vars: int = 0, gnorm: Any = None) -> None:

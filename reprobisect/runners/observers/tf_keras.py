@@ -118,6 +118,9 @@ def _xla_callback(rec: Any) -> type:
                 rec.guarded("xla init", rec._tap, "init", [_var_name(v) for v in vs], [_read(v) for v in vs],
                             named=True)
 
+        def on_train_batch_begin(self, batch: Any, logs: Any = None) -> None:
+            self.recorder.raise_if_stopped(begin=True)  # a deferred stop (bisect resume): the next step begins
+
         def on_train_batch_end(self, batch: Any, logs: Any = None) -> None:
             keras_obs = self.recorder.observers["keras"]
             self.recorder.guarded("xla step", keras_obs.xla_batch_end, self.fit_model)

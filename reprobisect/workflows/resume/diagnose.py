@@ -17,12 +17,18 @@ the order a step depends on its state:
 
 0. the checkpoint: C starts from A's parameters after another step than K-1 (a stale file; after
    K-2 with step K's data: saved before ``optimizer.step()``);
-1. the step counter: C's batch IDs / learning rates equal A's one step later or earlier
-   over every overlapping step (an off-by-one global step), or Lightning's ``global_step``;
+1. the step counter: C's data equal A's one step later or earlier over every overlapping step
+   (an off-by-one global step: a skipped or repeated batch; the data is the batch IDs, else the
+   batch tensors or the model's inputs of a loop that indexes its data by hand), or Lightning's
+   ``global_step``. Learning rates shifted while the data is at its own step are the scheduler's
+   (4.), and shifted with nothing recorded about the data they are a question, not a verdict;
 2. the model parameters at the start: C's initial parameters are not A's after step K-1;
 3. data order: the batch IDs differ (and whether the data restarted from its beginning);
    Lightning's ``batch_idx``: the dataloader position;
-4. learning rate / scheduler; 5. GradScaler; Lightning's loop progress and callback states;
+4. learning rate / scheduler (told by what the interrupted run saved after its last step:
+   a scheduler saved before it stepped is "saved one step late", an optimizer a scheduler
+   drives saved without any scheduler state is "not saved", one saved up to date "not loaded");
+   5. GradScaler; Lightning's loop progress and callback states;
 6. the records in chain order: a batch tensor, an input or a module output (dropout, an
    augmentation) that differs while its inputs agree is RNG; a loss that differs while the
    batch and the parameters agree is RNG (a sentinel trace sees no activations); parameters
@@ -149,27 +155,47 @@ def first_difference(a: Step, c: Step) -> str | None:
     return None
 
 
-def _shifted(a: Trace, c: Trace, at: int) -> int | None:
-    """+1/-1 when C's batch IDs (without them: learning rates) equal A's one step later/earlier
-    at every overlapping step: an off-by-one step counter. The LR is not required to shift too:
-    a scheduler restored from its own state keeps its count while the data follows the step."""
+def _data_key(s: Step) -> tuple[str, Any] | None:
+    """What a step trained on, as (what it is, its value): its batch IDs; without them the
+    fingerprints of its batch tensors, or of the model's inputs (a loop that indexes its data by
+    hand, ``x[i:i + b]``); None: nothing about its data was recorded."""
+    if s.batch_ids is not None:
+        return ("batch IDs", list(s.batch_ids))
+    for kind, what in (("batch", "batches"), ("input", "model inputs")):
+        fps = sorted((r.name, r.fingerprint) for r in s.records if r.kind == kind)
+        if fps:
+            return (what, fps)
+    return None
+
+
+def _shifted(a: Trace, c: Trace, at: int) -> tuple[int, str] | None:
+    """(+1/-1, the evidence) when C's data (batch IDs, else its batch tensors or model inputs) equal
+    A's one step later/earlier at every overlapping step and not A's own step at some (an
+    off-by-one step counter: the resume skipped or repeated a batch); the learning rates stand in
+    only when nothing about the data was recorded (evidence ``learning rates``, which a scheduler
+    saved one step late shows too). The LR is not required to shift with the data: a scheduler
+    restored from its own state keeps its count while the data follows the step."""
     for d in (1, -1):
-        n = 0
-        ok = True
+        n, moved, ok, basis = 0, False, True, ""
         for sc in c.steps:
-            sa = a.step(at + sc.step + d)
+            sa, same = a.step(at + sc.step + d), a.step(at + sc.step)
             if sa is None:
                 continue
-            ids = sc.batch_ids is not None and sa.batch_ids is not None
-            lrs = not ids and _lr(sc) is not None and _lr(sa) is not None  # the LR only without batch IDs
-            if not ids and not lrs:
+            kc, ka = _data_key(sc), _data_key(sa)
+            if kc is not None and ka is not None and kc[0] == ka[0]:
+                basis, got, want = kc[0], kc[1], ka[1]
+                now = (_data_key(same) or (None, None))[1] if same is not None else got
+            elif kc is None and ka is None and _lr(sc) is not None and _lr(sa) is not None:
+                basis, got, want, now = "learning rates", _lr(sc), _lr(sa), _lr(same) if same is not None else _lr(sc)
+            else:
                 continue
-            if (ids and sa.batch_ids != sc.batch_ids) or (lrs and _lr(sa) != _lr(sc)):
+            if got != want:
                 ok = False
                 break
             n += 1
-        if ok and n:
-            return d
+            moved = moved or now != got  # else the data (or lr) is the same at both steps: no evidence of a shift
+        if ok and n and moved:
+            return d, basis
     return None
 
 
@@ -220,11 +246,12 @@ def _optim_state_differs(sa: Step, sc: Step) -> str | None:
     return first
 
 
-def _earlier_input(a: Trace, sa: Step, r: Record) -> int | None:
-    """The earlier step of A whose record ``r.key`` (a model input) has C's fingerprint, or None."""
+def _input_seen_at(a: Trace, sa: Step, r: Record) -> int | None:
+    """The other step of A (the earliest) whose record ``r.key`` (a model input) has C's
+    fingerprint, or None: where the data C trains on at ``sa`` sits in the uninterrupted run."""
     for s in a.steps:
-        if s.step >= sa.step:
-            break
+        if s.step == sa.step:
+            continue
         ra = s.by_key().get(r.key)
         if ra is not None and ra.fingerprint == r.fingerprint:
             return s.step
@@ -254,7 +281,13 @@ def _chain_component(a: Trace, sa: Step, sc: Step, prev_same: bool) -> tuple[str
                         "a random operation (dropout, an augmentation) drew different numbers: restore the RNG "
                         "states (torch, numpy, python, CUDA) from the checkpoint")
             if r.kind == "input" and batch_agrees:
-                seen = _earlier_input(a, sa, r) if not any(x.kind == "batch" for x in sc.records) else None
+                seen = _input_seen_at(a, sa, r) if not any(x.kind == "batch" for x in sc.records) else None
+                if seen is not None and seen > sa.step:
+                    return ("data order", what + f" is the uninterrupted run's input at step {seen}: the data went "
+                            f"ahead, skipping {seen - sa.step} step(s)' batches",
+                            "the restored data position is past the one the checkpoint was saved at: a step or "
+                            "epoch counter saved already incremented (and advanced again on resume) skips batches; "
+                            "save the position completed and resume from exactly it")
                 if seen is not None:
                     return ("data order", what + f" is the uninterrupted run's input at step {seen}: the data went "
                             "back to an earlier position",
@@ -436,17 +469,9 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                 "save every few steps, with a step counter taken from elsewhere), or it is another file than the one "
                 "saved after the interruption's step (Lightning's ModelCheckpoint writes last-v1.ckpt next to an "
                 "existing last.ckpt unless enable_version_counter=False)")
-    d = _shifted(a, c, at)
-    restart = _restarted(a, sc)
-    if restart == 0 and sa.batch_ids != sc.batch_ids and sc.step == 0:
-        d = None  # the data starts over: an epoch restart, which can look like an off-by-one
-    if la and lc and "global_step" in la and la.get("global_step") == lc.get("global_step"):
-        d = None  # Lightning's own step counter agrees
-    if d is not None and (sa.batch_ids != sc.batch_ids or _lr(sa) != _lr(sc)):
-        return ("step counter", f"the resumed run's batch IDs/learning rates are the uninterrupted run's one step "
-                f"{'later' if d > 0 else 'earlier'} ({what})",
-                f"the restored step counter is off by {d:+d}: save the number of steps completed and resume from it "
-                "(not from it +/- 1)")
+    counter = _counter_component(a, c, at, sa, sc, what)
+    if counter is not None:
+        return counter
     if la and lc and la.get("global_step") != lc.get("global_step"):
         return ("step counter", f"Lightning global_step {la.get('global_step')} vs {lc.get('global_step')}",
                 "the restored global step is not the one the checkpoint was saved at")
@@ -463,6 +488,9 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                      f"; they are the uninterrupted run's step {r}: the data went back to an earlier position (an "
                      "earlier epoch's shuffle replayed: a sampler's generator state not restored, or a restarted "
                      "epoch)")
+        elif r is not None and r > sa.step:
+            where = (f"; they are the uninterrupted run's step {r}: the data went ahead, skipping {r - sa.step} "
+                     "step(s)' batches (a step or epoch counter saved already incremented and advanced again?)")
         comp = "dataloader position" if la.get("batch_idx") != lc.get("batch_idx") and la and lc else "data order"
         return (comp, f"batch IDs {_short(sa.batch_ids)} vs {_short(sc.batch_ids)}{where}",
                 "the data position was not restored: save the sampler/dataloader state (StatefulDataLoader, "
@@ -471,8 +499,9 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
     if opt is not None:
         return ("optimizer state", f"optimizer state '{opt}' differs while the gradients agree"
                 + (f" (and the learning rate: {_lr(sa)!r} vs {_lr(sc)!r})" if _lr(sa) != _lr(sc) else ""),
-                "the optimizer's state (momentum/Adam moments, its param_groups' learning rates) was not "
-                "saved/loaded: save and load optimizer.state_dict() with the checkpoint")
+                "the optimizer's state (momentum/Adam moments, its step count, its param_groups' learning rates) "
+                "was not saved/loaded: save and load optimizer.state_dict() with the checkpoint (Keras: save the "
+                "whole model, .keras, not its weights only, or the optimizer's variables)")
     lr = _lr_component(a, sa, sc, saved)
     if lr is not None:
         return lr
@@ -495,13 +524,48 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
                            "(bisect compare) or record with --detail full")
 
 
+def _counter_component(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str) -> tuple[str, str, str] | None:
+    """The step counter, when C's data is A's one step later/earlier at every overlapping step
+    (``_shifted``): the resume skipped a batch or trains on one again. Learning rates shifted
+    with no record of the data are no such evidence on their own: a scheduler saved one step late
+    shifts them the same way (``_lr_component`` says which, or asks)."""
+    shift = _shifted(a, c, at)
+    la, lc = _lightning(sa), _lightning(sc)
+    if shift is None or (_restarted(a, sc) == 0 and sa.batch_ids != sc.batch_ids and sc.step == 0):
+        return None  # no shift, or the data starts over: an epoch restart, which can look like an off-by-one
+    if la and lc and "global_step" in la and la.get("global_step") == lc.get("global_step"):
+        return None  # Lightning's own step counter agrees
+    d, basis = shift
+    if basis == "learning rates" or (_data_key(sa) == _data_key(sc) and _lr(sa) == _lr(sc)):
+        return None  # learning rates alone: the scheduler's, or a question (``_lr_component``)
+    s = sa.step
+    did = (f"it skipped the batch of step {s} (it trains on step {s + 1}'s at step {s})" if d > 0 else
+           f"it trains on step {s - 1}'s batch again at step {s}")
+    return ("step counter", f"the resumed run's {basis} are the uninterrupted run's one step "
+            f"{'later' if d > 0 else 'earlier'} at every step compared: {did} ({what})",
+            f"the restored step counter is off by {d:+d}, so the data position is one batch "
+            f"{'ahead' if d > 0 else 'behind'}: save the number of steps (or batches) completed and resume from "
+            f"exactly that count (a counter saved {'after its increment and incremented again' if d > 0 else 'before its increment'} "
+            "on resume is one off)")
+
+
 def _lr_component(a: Trace, sa: Step, sc: Step, saved: tuple[dict[str, Any], ...]) -> tuple[str, str, str] | None:
     """The learning rate / scheduler or the GradScaler, when its scalar differs (None: neither)."""
     if _lr(sa) != _lr(sc):
-        what = f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}"
+        lag = _lr_lag(a, sa, sc)
+        what = f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}" + (f" ({lag[1]})" if lag else "")
+        data = _data_at_own_step(a, sa, sc)
+        if data:
+            what += f", while the resumed run's {data} are the uninterrupted run's at step {sa.step}"
         timing = _scheduler_timing(saved)
         if timing is not None:
             return ("learning rate / scheduler", what + timing[0], timing[1])
+        if lag is not None and not data:  # nothing recorded says whether the data moved with it
+            return ("learning rate / scheduler", what,
+                    f"is the LR scheduler's state {'behind' if lag[0] > 0 else 'ahead'} (saved before "
+                    "scheduler.step(), or not saved/loaded), or is the step counter a schedule is computed from off "
+                    f"by {-lag[0]:+d}? nothing recorded tells which: check the step count the checkpoint holds "
+                    "against the optimizer steps taken, and when its scheduler's state was saved")
         if a.detail == "sentinel":  # no optimizer state recorded: a fresh optimizer's lr looks the same
             return ("learning rate / scheduler", what,
                     "the LR scheduler's state, or the optimizer's (its param_groups carry the lr), was not "
@@ -515,12 +579,37 @@ def _lr_component(a: Trace, sa: Step, sc: Step, saved: tuple[dict[str, Any], ...
     return None
 
 
+def _lr_lag(a: Trace, sa: Step, sc: Step) -> tuple[int, str] | None:
+    """(+1/-1, what) when C's learning rate at A's step s is A's at step s-1 (the schedule one step
+    behind) or s+1 (ahead) and not A's own; None: neither."""
+    for e in (1, -1):
+        other = a.step(sa.step - e)
+        if other is not None and _lr(other) == _lr(sc) != _lr(sa):
+            return e, (f"the uninterrupted run's learning rate at step {other.step}: the schedule is one step "
+                       f"{'behind' if e > 0 else 'ahead'}")
+    return None
+
+
+def _data_at_own_step(a: Trace, sa: Step, sc: Step) -> str:
+    """What C's step trained on (batch IDs, batches, model inputs) when it is exactly A's at the same
+    step and not A's at the step before or after (so the data position is right and tells it
+    apart from an off-by-one step counter); '' when not recorded, not equal or not telling."""
+    kc = _data_key(sc)
+    if kc is None or kc != _data_key(sa):
+        return ""
+    for near in (a.step(sa.step - 1), a.step(sa.step + 1)):
+        if near is not None and _data_key(near) == kc:
+            return ""
+    return kc[0]
+
+
 def _scheduler_timing(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | None:
-    """(what, why) from the interrupted run's last save holding a scheduler (``Reference.saved``):
-    saved before the scheduler stepped, or saved as it was and not loaded; None: no such save seen."""
+    """(what, why) from what the interrupted run saved after its last step (``Reference.saved``):
+    a scheduler saved before it stepped, saved as it was and not loaded, or not saved at all
+    beside an optimizer a scheduler drives; None: no save seen (or none that tells)."""
     last = next((s for s in reversed(saved) if s.get("schedulers")), None)
     if last is None:
-        return None
+        return _scheduler_unsaved(saved)
     name = os.path.basename(last.get("file") or "") or "the checkpoint"
     sched = last["schedulers"][-1]
     n, k = last.get("optimizer_steps"), int(last.get("scheduler_steps_after") or 0)
@@ -529,8 +618,22 @@ def _scheduler_timing(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | No
                 f"saved before the scheduler stepped, not unsaved: the interrupted run saved {name} after "
                 f"{n} optimizer step(s) with the scheduler at last_epoch {sched.get('last_epoch')}, then called "
                 f"scheduler.step() {k} more time(s) before the next step began; the resumed run's schedule is "
-                "one step late. Save after scheduler.step() (or step the scheduler before the save)")
+                f"{'one step' if k == 1 else f'{k} steps'} late. Save after scheduler.step() (or step the "
+                "scheduler before the save)")
     return ("; the checkpoint holds the scheduler as it was after its last step",
             f"the interrupted run saved {name} after {n} optimizer step(s) with the scheduler's state up to date "
             f"(last_epoch {sched.get('last_epoch')}), yet the resumed run's learning rate differs: the resume did not "
             "load it (scheduler.load_state_dict), or built the scheduler again after loading the optimizer")
+
+
+def _scheduler_unsaved(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | None:
+    """(what, why) when the interrupted run's saves after its last step hold an optimizer that an LR
+    scheduler drives (its param groups carry ``initial_lr``) and no scheduler state; None otherwise."""
+    driven = [s for s in saved if s.get("scheduled_optimizer")]
+    if not driven:
+        return None
+    names = ", ".join(sorted({os.path.basename(s.get("file") or "") or "an in-memory buffer" for s in saved}))
+    return (f"; no file the interrupted run saved after its last step ({names}) holds a scheduler's state",
+            f"the LR scheduler was not saved: the checkpoint holds the optimizer, whose param groups carry a "
+            f"scheduler's initial_lr, but no scheduler state_dict, so the resumed run's scheduler counts its steps "
+            "from zero. Save scheduler.state_dict() in the checkpoint and load it on resume")
