@@ -258,3 +258,32 @@ def test_lightning_ce_on_exp_of_log_softmax_is_named_and_its_fixed_batch_run_is_
     assert o.severity == "warning", _text(d)  # "not shown to fit", or a plateau at the floor: never a fit
     assert "cannot go below 0.5514 for 3 classes" in o.cause, o.cause
     assert "fits one batch" not in _text(d)
+
+
+def _step(i: int, loss: float, bad_kind: str | None) -> "Step":
+    from reprobisect.trace.format import Record, Step
+
+    def rec(kind: str, name: str) -> Record:
+        stats = {"nan": 1 if kind == bad_kind else 0, "inf": 0}
+        return Record(name=name, kind=kind, dtype="float32", shape=(4,), fingerprint=f"{kind}{i}", stats=stats)
+
+    records = tuple(rec(k, n) for k, n in (("input", "input"), ("output", "output"), ("loss", "loss"),
+                                           ("grad", "fc.weight"), ("param", "fc.weight")))
+    return Step(step=i, records=records, batch_ids=[0, 1], scalars={"loss": loss, "overfit": {"repeated": True}})
+
+
+@pytest.mark.parametrize("kind, says, never", [
+    ("loss", "the loss arithmetic breaks on this batch", "lower the learning rate"),
+    ("grad", "the update is unstable", "loss arithmetic"),
+    ("input", "the batch itself holds NaN/Inf", "lower the learning rate"),
+])
+def test_a_fixed_batch_run_that_goes_non_finite_blames_what_broke_first(kind, says, never):
+    """A NaN loss over finite outputs (log of a saturated sigmoid) is the loss's arithmetic, not
+    an unstable update: "lower the learning rate" would send the user the wrong way."""
+    from reprobisect.workflows.doctor.overfit import _verdict
+
+    steps = [_step(0, 1.0, None), _step(1, 0.8, None), _step(2, float("nan"), kind)]
+    (f,) = _verdict(steps, wall_s=1.0, asked=3)
+    assert f.check == "overfit" and f.severity == "warning"
+    assert says in f.cause and never not in f.cause + f.next, (f.cause, f.next)
+    assert f.evidence["first_nonfinite_kind"] == kind

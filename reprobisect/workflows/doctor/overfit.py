@@ -152,6 +152,45 @@ def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Fin
     return _with_broadcast(_verdict(steps, wall_s=wall_s, asked=asked), steps)
 
 
+def _first_nonfinite_kind(steps: list[Step]) -> str | None:
+    """The kind of the first record (in step and chain order) whose stats count a NaN or Inf."""
+    for step in steps:
+        skipped = bool(step.scalars.get("scaler_skipped"))  # a GradScaler skips for its non-finite grads
+        for rec in step.records:
+            st = rec.stats or {}
+            if (st.get("nan") or st.get("inf")) and not (skipped and rec.kind == "grad"):
+                return rec.kind
+    return None
+
+
+def _nonfinite(steps: list[Step], bad: int, ev: dict[str, Any]) -> Finding:
+    """The loss of the fixed-batch run went non-finite: blamed on what went non-finite first.
+
+    A loss that breaks while the model's outputs are finite is the loss's arithmetic on this
+    batch (a log of 0), not an unstable update: lowering the learning rate would not help.
+    """
+    at = steps[bad].step
+    first = _first_nonfinite_kind(steps[:bad + 1])
+    ev = {**ev, "first_nonfinite_kind": first}
+    check = "run `bisect doctor --check finite` for the first non-finite tensor"
+    if first == "loss":
+        return Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step {at} while "
+                       "the model's outputs stay finite: the loss arithmetic breaks on this batch (a log of 0, a "
+                       "division by a tiny value), not the update", ev,
+                       f"compute the loss with a numerically stable function (log_softmax, logsigmoid, "
+                       f"BCEWithLogitsLoss); {check}")
+    if first in ("batch", "input"):
+        return Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step {at}: the "
+                       "batch itself holds NaN/Inf", ev, f"inspect the batch's samples; {check}")
+    if first in ("grad", "param", "optim_state"):
+        return Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step {at}: the "
+                       f"update is unstable even without changing data (the first non-finite tensor is a {first})",
+                       ev, f"lower the learning rate; {check}")
+    return Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step {at}"
+                   + (f" (the first non-finite record is a {first})" if first else "")
+                   + ": the forward or the update breaks even without changing data", ev, check)
+
+
 def _verdict(steps: list[Step], *, wall_s: float, asked: int) -> list[Finding]:
     """The fixed-batch run's verdict from its loss (and accuracy) per step."""
     info = [s.scalars.get("overfit") for s in steps if isinstance(s.scalars.get("overfit"), dict)]
@@ -173,9 +212,7 @@ def _verdict(steps: list[Step], *, wall_s: float, asked: int) -> list[Finding]:
           "weight_decay_zeroed": last.get("weight_decay_zeroed") or {}, "batch_ids": steps[0].batch_ids}
     bad = next((i for i, v in enumerate(losses) if v is None or not math.isfinite(v)), None)
     if bad is not None and losses[bad] is not None:
-        return [Finding("overfit", "warning", f"on one repeated batch the loss becomes non-finite at step "
-                        f"{steps[bad].step}: the update is unstable even without changing data", ev,
-                        "lower the learning rate; run `bisect doctor --check finite` for the first non-finite tensor")]
+        return [_nonfinite(steps, bad, ev)]
     vals = [v for v in losses if v is not None]
     if len(vals) < 2:
         return [Finding("overfit", "info", "inconclusive: the fixed-batch run recorded no loss to follow", ev, "")]
