@@ -287,3 +287,22 @@ def test_a_fixed_batch_run_that_goes_non_finite_blames_what_broke_first(kind, sa
     assert f.check == "overfit" and f.severity == "warning"
     assert says in f.cause and never not in f.cause + f.next, (f.cause, f.next)
     assert f.evidence["first_nonfinite_kind"] == kind
+
+
+def test_layers_replaced_after_the_optimizer_was_built_are_named_from_both_sets():
+    """Pruning swapped two layers for new modules after the optimizer was built: the model's new
+    parameters are in no optimizer AND the optimizer holds tensors the forward never uses. Both
+    sets together point at the rebuild, not at "add them to the param groups"."""
+    from reprobisect.trace.format import Record, Step
+    from reprobisect.workflows.doctor.update import _membership
+
+    def rec(kind: str, name: str) -> Record:
+        return Record(name=name, kind=kind, dtype="float32", shape=(2,), fingerprint=kind + name)
+
+    init = [rec("init", n) for n in ("0.weight", "0.bias", "2.weight", "2.bias", "4.weight")]
+    stepped = [rec("param", n) for n in ("param_groups.0.0", "param_groups.0.1", "4.weight")]
+    (f,) = _membership([Step(step=0, records=tuple(init + stepped))], frozen=set())
+    assert f.severity == "warning" and "were layers replaced after the optimizer was built" in f.cause
+    assert f.evidence["not_in_optimizer"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert f.evidence["optimizer_parameters_unused"] == ["param_groups.0.0", "param_groups.0.1"]
+    assert "after the model's last structural change" in f.next

@@ -82,6 +82,15 @@ def _membership(steps: list[Step], frozen: set[str]) -> list[Finding]:
                         "so the model that computes the loss is never updated", ev,
                         "build the optimizer on the parameters of the model you train (after any deepcopy, .to() "
                         "or wrapping), e.g. torch.optim.SGD(model.parameters(), ...)")]
+    if missing and foreign:
+        ev = {"not_in_optimizer": _short(missing), "optimizer_parameters_unused": _short(foreign),
+              "in_optimizer": len(stepped)}
+        return [Finding("update", "warning",
+                        f"{len(missing)} parameter(s) the model uses are in no optimizer, and the optimizer holds "
+                        f"{len(foreign)} tensor(s) the training forward never uses: were layers replaced after the "
+                        "optimizer was built (pruning, a new head, a module swapped or re-created)? The new layers "
+                        "never change", ev,
+                        "build the optimizer (again) after the model's last structural change, on model.parameters()")]
     if missing:
         ev = {"not_in_optimizer": _short(missing), "in_optimizer": len(stepped)}
         return [Finding("update", "warning",
