@@ -16,7 +16,8 @@ each one is given only when the evidence makes its cause plausible:
                        ahead, differed; everything before agreed).
 ``cause_candidates``   the causes a re-run can test for two runs of one command that differ
                        (string hashing, the loader's generator, one thread, deterministic
-                       algorithms, TF op determinism), each with what to hold fixed; the
+                       algorithms, TF op determinism, the generators ``torch.manual_seed``
+                       leaves alone: ``core.rng_candidates``), each with what to hold fixed; the
                        re-runs are ``reprobisect.workflows.confirm``'s.
 ``lr_note``            a learning-rate / scheduler / optimizer-hyperparameter difference
                        (betas, eps, weight decay, momentum, ... per param group) next to a
@@ -33,9 +34,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from reprobisect.core.rng_candidates import (HOLD_VAR, ORDER_KINDS as _ORDER_KINDS, OUTSIDE_MATH as _OUTSIDE_MATH,
+                                             OUTSIDE_ORDER as _OUTSIDE_ORDER,
+                                             OUTSIDE_VALUES as _OUTSIDE_VALUES,
+                                             CauseCandidate, rng_sources, same_ids, step_of as _step,
+                                             with_global_rngs)
 
 __all__ = [
     "missing_link_hint",
@@ -50,6 +56,7 @@ __all__ = [
     "CauseCandidate",
     "cause_candidates",
     "with_global_rngs",
+    "rng_sources",
 ]
 
 SEED_FIX = ("seed before building the model (torch.manual_seed(N) / lightning.seed_everything(N) / "
@@ -308,15 +315,6 @@ def _is_init(r: Any) -> bool:
     return r.kind == "init" or (r.kind == "param" and (getattr(r, "meta", None) or {}).get("phase") in ("init", "before"))
 
 
-def _step(trace: Any, k: int) -> Any:
-    if trace is None:
-        return None
-    for s in getattr(trace, "steps", ()):
-        if s.step == k:
-            return s
-    return None
-
-
 def _all(comp: Any) -> tuple[Any, ...]:
     return ((comp.first,) if comp.first is not None else ()) + tuple(comp.next or ())
 
@@ -366,7 +364,6 @@ def hashseed_hint(trace_a: Any, trace_b: Any, comp: Any, *, given: tuple[str | N
     return None
 
 
-_ORDER_KINDS = ("batch", "input")
 _FORWARD_KINDS = ("batch", "input", "activation", "output", "loss")
 _EVAL_KEYS = ("phase", "forwards", "batches", "samples", "ids_fingerprint")
 
@@ -486,36 +483,7 @@ def divergence_hints(trace_a: Any, trace_b: Any, comp: Any, *, given_hashseeds: 
 
 # --------------------------------------------------------------------------- causes to test by re-running
 
-HOLD_VAR = "REPROBISECT_HOLD"
-"""The variable naming what ``reprobisect.runners.hold`` holds fixed inside a re-run
-(comma-separated: ``loader_seed``, ``one_thread``, ``deterministic``, ``tf_determinism``)."""
-
-_OUTSIDE_DATA = "something outside the seeds orders the data (the time, the pid, the environment?)"
-_OUTSIDE_MATH = ("something else computes differently (an op without a deterministic implementation, the thread "
-                 "count, the hardware?)")
 _MATH_KINDS = ("activation", "output", "loss", "grad", "param", "optim_state", "collective")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CauseCandidate:
-    """One cause a pair of re-runs can test: hold it fixed, and see whether the runs agree."""
-
-    name: str
-    """``hashseed``, ``loader_seed``, ``one_thread``, ``deterministic`` or ``tf_determinism``."""
-    held: str
-    """What the re-runs hold fixed, as the user would set it (``PYTHONHASHSEED=0``)."""
-    env: dict[str, str]
-    """The variables the re-runs set (``HOLD_VAR`` for what needs the runner)."""
-    question: str
-    """The cause as a question (``does string hashing decide the data order?``)."""
-    cause: str
-    """The cause stated as fact, once a re-run confirmed it."""
-    fix: str
-    """What to change once it is confirmed."""
-    outside: str
-    """What is left to suspect when holding it fixed does not make the runs agree."""
-    hint: str | None = None
-    """The comparison's hint this candidate tests (shown in its place once tested)."""
 
 
 def _hashseed_candidate(hint: str | None) -> CauseCandidate:
@@ -523,7 +491,7 @@ def _hashseed_candidate(hint: str | None) -> CauseCandidate:
         name="hashseed", held="PYTHONHASHSEED=0", env={"PYTHONHASHSEED": "0"},
         question="does string hashing (set/dict order, PYTHONHASHSEED) decide the data order?",
         cause="string hashing (set/dict iteration order) decides the data order",
-        fix="iterate in a fixed order (e.g. sorted()), or export PYTHONHASHSEED=0", outside=_OUTSIDE_DATA, hint=hint)
+        fix="iterate in a fixed order (e.g. sorted()), or export PYTHONHASHSEED=0", outside=_OUTSIDE_ORDER, hint=hint)
 
 
 def _hashed_seed_candidate() -> CauseCandidate:
@@ -535,13 +503,23 @@ def _hashed_seed_candidate() -> CauseCandidate:
         outside="something outside the seeds chooses the seed (the time, the pid, the environment?)")
 
 
-def _loader_candidate() -> CauseCandidate:
+def _loader_candidate(*, values: bool = False) -> CauseCandidate:
+    """The DataLoader's generator; with ``values`` (the runs fetched the same sample ids, so its
+    shuffle agreed) only its workers' seeds, which seed what the workers draw for each sample."""
+    if values:
+        return CauseCandidate(
+            name="loader_seed", held="a seeded DataLoader generator", env={HOLD_VAR: "loader_seed"},
+            question=("do the DataLoader workers' seeds (from an unseeded base seed) decide what the workers draw "
+                      "for each sample? the sample ids agree, so its shuffle does not differ"),
+            cause="the DataLoader workers' seeds come from an unseeded generator, and the workers draw from them",
+            fix="give the DataLoader generator=torch.Generator().manual_seed(N) (and a worker_init_fn seeding workers)",
+            outside=_OUTSIDE_VALUES)
     return CauseCandidate(
         name="loader_seed", held="a seeded DataLoader generator", env={HOLD_VAR: "loader_seed"},
         question="does an unseeded DataLoader (its shuffle or its workers' seeds) decide the data order?",
         cause="the DataLoader's shuffle/worker seeds come from an unseeded generator",
         fix="give the DataLoader generator=torch.Generator().manual_seed(N) (and a worker_init_fn seeding workers)",
-        outside=_OUTSIDE_DATA)
+        outside=_OUTSIDE_ORDER)
 
 
 def _thread_candidate() -> CauseCandidate:
@@ -582,17 +560,24 @@ def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: boo
     recorded different seeds with string hashing randomised: does the seed come from
     ``hash()``? The data order (``batch``/``input`` first, or a
     ``missing`` record): string hashing when it was randomised, then the DataLoader's
-    generator when a loader's index stream was recorded. The math of an op, only for two
+    generator when a loader's index stream was recorded (when both runs fetched the same
+    sample ids its shuffle agreed: only its workers' seeds, and only while torch was not
+    seeded). The initial parameters differ although both runs recorded one seed: a private
+    generator built without a seed, when the recorder saw one. The math of an op, only for two
     runs of one command (``same_command``: between commits it is the code): TF op
     determinism for a TensorFlow trace; else deterministic algorithms first on CUDA and one
     thread first on the CPU. A setting the trace shows in force already is not tried again.
-    Both lists also get the unseeded global RNGs (``with_global_rngs``).
+    Both lists also get the unseeded global RNGs and, first, the private generators built
+    without a seed (``with_global_rngs``, ``reprobisect.core.rng_candidates``).
     """
     first = getattr(comp, "first", None)
     if first is None or trace_a is None or trace_b is None:
         return []
     if _init_differs(comp, trace_a, trace_b):
-        return _seed_candidates(trace_a, trace_b)
+        seeded = _seed_candidates(trace_a, trace_b)
+        if seeded or _seed_of(trace_a) is None or _seed_of(trace_b) is None or not rng_sources(trace_a, trace_b):
+            return seeded
+        return with_global_rngs([], trace_a, trace_b, first)[:1]  # one seed, other parameters: a private generator?
     if evaluation_hint(trace_a, trace_b, comp):
         return []
     if first.kind in _ORDER_KINDS or first.verdict == "missing":
@@ -601,7 +586,10 @@ def cause_candidates(trace_a: Any, trace_b: Any, comp: Any, *, same_command: boo
         if hint:
             out.append(_hashseed_candidate(hint))
         if first.kind in _ORDER_KINDS and _loader_recorded(trace_a, trace_b, first.step):
-            out.append(_loader_candidate())
+            if not same_ids(trace_a, trace_b, first):
+                out.append(_loader_candidate())
+            elif _seed_of(trace_a) is None or _seed_of(trace_b) is None:  # torch unseeded: the workers' seeds are too
+                out.append(_loader_candidate(values=True))
         return with_global_rngs(out, trace_a, trace_b, first)
     if not same_command or first.kind not in _MATH_KINDS:
         return []
@@ -650,77 +638,3 @@ def _in_force(name: str, env: dict[str, Any]) -> bool:
     if name == "tf_determinism":
         return ev.get("TF_DETERMINISTIC_OPS") in ("1", "true", "True")
     return False
-
-
-# --------------------------------------------------------------------------- global RNGs as causes to test
-
-_OUTSIDE_DRAWS = ("something else draws differently in every run (a generator seeded from the time or the pid, "
-                  "another unseeded generator?)")
-
-
-def _numpy_candidate() -> CauseCandidate:
-    return CauseCandidate(
-        name="numpy_seed", held="NumPy's global RNG seeded (numpy.random.seed(0) at start-up)",
-        env={HOLD_VAR: "numpy_seed"},
-        question="does the run draw from NumPy's global RNG (np.random.*), which nothing seeds?",
-        cause="the run draws from NumPy's global RNG (np.random.*), which nothing seeds (torch.manual_seed does not)",
-        fix="seed it (np.random.seed(N)) or draw from a seeded generator (np.random.default_rng(N), a torch.Generator)",
-        outside=_OUTSIDE_DRAWS)
-
-
-def _random_candidate() -> CauseCandidate:
-    return CauseCandidate(
-        name="random_seed", held="Python's random module seeded (random.seed(0) at start-up)",
-        env={HOLD_VAR: "random_seed"},
-        question="does the run draw from Python's random module (random.*), which nothing seeds?",
-        cause="the run draws from Python's random module (random.*), which nothing seeds (torch.manual_seed does not)",
-        fix="seed it (random.seed(N)) or draw from a seeded random.Random(N)", outside=_OUTSIDE_DRAWS)
-
-
-def _global_seed_candidate(layers: list[str]) -> CauseCandidate:
-    named = f" ({', '.join(layers[:4])}{' …' if len(layers) > 4 else ''} got no seed=)" if layers else ""
-    what = (f"an unseeded random layer{named} draws a new mask/noise in every run" if layers
-            else "an unseeded random op (a Dropout or noise layer without seed=, tf.random.* without a seed, "
-                 "NumPy or Python random) draws differently in every run")
-    return CauseCandidate(
-        name="global_seed", held="a global seed (random, NumPy and tf.random seeded with 0 at start-up, as "
-                                 "keras.utils.set_random_seed(0))",
-        env={HOLD_VAR: "global_seed"}, question=f"does {what}, with no global seed set?",
-        cause=f"{what}, and no global seed is set",
-        fix=("give the layer a seed (e.g. Dropout(rate, seed=N)) or call keras.utils.set_random_seed(N) "
-             "(tf.random.set_seed(N)) before building the model"),
-        outside=_OUTSIDE_MATH)
-
-
-def _tf_extra(trace: Any) -> dict[str, Any]:
-    extra = getattr(getattr(trace, "manifest", None), "extra", None) or {}
-    tf_info = extra.get("tensorflow") if isinstance(extra, dict) else None
-    return tf_info if isinstance(tf_info, dict) else {}
-
-
-def with_global_rngs(order: list[CauseCandidate], trace_a: Any, trace_b: Any, first: Any) -> list[CauseCandidate]:
-    """``order`` with the unseeded global RNGs as candidates too: any draw from them (an
-    augmentation, a dropout mask, a shuffle of one's own) differs in every run however torch
-    is seeded.
-
-    TensorFlow (the manifest has ``extra.tensorflow``): one candidate, a global seed; first
-    when the recorder listed random layers built without ``seed=`` and no global seed
-    (``unseeded_random_layers``, ``global_seed``), since in graph mode no layer output names
-    them, else last. Otherwise NumPy's then Python's global RNG: before the loader's generator
-    when both runs fetched the same sample ids at the first differing step (the samples' values
-    differ, not their order: what loading them drew), else after the others.
-    """
-    tf_a, tf_b = _tf_extra(trace_a), _tf_extra(trace_b)
-    if tf_a or tf_b:
-        layers = list(tf_a.get("unseeded_random_layers") or tf_b.get("unseeded_random_layers") or ())
-        seeded = tf_a.get("global_seed") is not None and tf_b.get("global_seed") is not None
-        c = _global_seed_candidate([str(x) for x in layers])
-        return [c, *order] if layers and not seeded else [*order, c]
-    rngs = [_numpy_candidate(), _random_candidate()]
-    sa, sb = _step(trace_a, first.step), _step(trace_b, first.step)
-    same_ids = (first.kind in _ORDER_KINDS and sa is not None and sb is not None and sa.batch_ids is not None
-                and sa.batch_ids == sb.batch_ids)
-    if not same_ids:
-        return [*order, *rngs]
-    keep = [c for c in order if c.name != "loader_seed"]
-    return [*keep, *rngs, *[c for c in order if c.name == "loader_seed"]]

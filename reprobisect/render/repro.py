@@ -88,8 +88,10 @@ def cause_lines(confirmations: Any) -> list[str]:
 
 
 def without_answered_hints(comp: Any, result: Any) -> Any:
-    """``comp`` without the hints its confirmations answer (they are shown in their place)."""
+    """``comp`` without the hints its confirmations answer (they are shown in their place), nor
+    those whose candidate a confirmed cause left untried (``superseded_hints``)."""
     answered = {c.hint for c in getattr(result, "confirmations", ()) or () if c.hint}
+    answered |= set(getattr(result, "superseded_hints", ()) or ())
     hints = tuple(getattr(comp, "hints", ()) or ())
     if not answered or not dataclasses.is_dataclass(comp) or not any(h in answered for h in hints):
         return comp

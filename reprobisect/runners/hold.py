@@ -14,6 +14,11 @@ it sets itself; what needs a call inside the process is named in ``REPROBISECT_H
 ``numpy_seed``      ``numpy.random.seed(0)``: NumPy's global RNG, which ``torch.manual_seed`` leaves alone
 ``random_seed``     ``random.seed(0)``: Python's ``random`` module (Keras 3 draws the seed of every
                     layer built without ``seed=`` from it)
+``private_rngs``    the generators a script builds without a seed, which take OS entropy and ignore
+                    every global seed: each NumPy bit generator built with ``seed=None``
+                    (``np.random.default_rng()``, ``Generator(PCG64())``, ``SeedSequence()``,
+                    ``RandomState()``) and each ``random.Random()`` gets the next number of a
+                    stream seeded with 0 instead (distinct generators stay distinct, in every run alike)
 ``global_seed``     all three global RNGs of a TensorFlow run (``random``, NumPy, ``tf.random.set_seed(0)``),
                     as ``keras.utils.set_random_seed(0)`` does
 
@@ -33,7 +38,8 @@ from reprobisect.core.hints import HOLD_VAR
 
 __all__ = ["HOLDS", "held", "activate_torch", "activate_tensorflow"]
 
-HOLDS = ("loader_seed", "one_thread", "deterministic", "tf_determinism", "numpy_seed", "random_seed", "global_seed")
+HOLDS = ("loader_seed", "one_thread", "deterministic", "tf_determinism", "numpy_seed", "random_seed", "global_seed",
+         "private_rngs")
 """What ``REPROBISECT_HOLD`` may name."""
 
 _GENERATOR_POSITION = 12
@@ -82,6 +88,37 @@ def _seed_globals(holds: frozenset[str]) -> None:
         import random
 
         random.seed(0)
+    if "private_rngs" in holds:
+        _seed_private()
+
+
+def _seed_private() -> None:
+    """Give every generator built without a seed from now on the next number of one stream
+    seeded with 0: NumPy's entropy function (every bit generator built with ``seed=None``
+    draws it) and ``random.Random.seed(None)``. The global RNGs are left as the script has them."""
+    import random
+
+    stream = random.Random(0)  # built before the wrap below: its own seed is 0, as given
+    try:
+        import numpy.random.bit_generator as bg
+    except ImportError:  # no NumPy: its generators cannot be built
+        bg = None
+    if bg is not None and hasattr(bg, "randbits") and not getattr(bg.randbits, "_reprobisect_hold", False):
+        def randbits(n: int) -> int:
+            return stream.getrandbits(n)
+
+        randbits._reprobisect_hold = True  # type: ignore[attr-defined]
+        bg.randbits = randbits
+    original = random.Random.__dict__.get("seed")
+    if original is None or getattr(original, "_reprobisect_hold", False):
+        return
+
+    @functools.wraps(original)
+    def seed(self: Any, a: Any = None, version: int = 2) -> None:
+        return original(self, stream.getrandbits(64) if a is None else a, version)
+
+    seed._reprobisect_hold = True  # type: ignore[attr-defined]
+    random.Random.seed = seed
 
 
 def _seed_loaders(torch: Any) -> None:

@@ -41,6 +41,7 @@ def _observers() -> None:
     from reprobisect.runners.observers import (torch_batches, torch_capture, torch_doctor,  # noqa: F401
                                                torch_evaluation, torch_forward, torch_gradients, torch_init,
                                                torch_loss, torch_lossgraph, torch_manual, torch_memory, torch_params)
+    from reprobisect.runners.observers import rng_sources  # noqa: F401  (framework-free: unseeded generators)
 
 
 class TorchChain:

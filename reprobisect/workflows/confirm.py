@@ -6,7 +6,8 @@ ids differ). So ``bisect repro`` tests the candidates ``reprobisect.core.hints.c
 names, one at a time, most likely first: it runs the pair again (two runs, the same
 recorded command, arguments, folder and environment, the same steps) with only that
 candidate held fixed (``PYTHONHASHSEED=0``, a seeded DataLoader generator, one thread,
-deterministic algorithms, TF op determinism: ``reprobisect.runners.hold``), and stops at
+deterministic algorithms, TF op determinism, the global RNGs, the generators built without a
+seed that the recorder listed: ``reprobisect.runners.hold``), and stops at
 the first that makes the runs agree. Each try costs two runs; ``max_tries`` caps them.
 
 The answer is a ``Confirmation`` per candidate: ``confirmed`` (the runs agree with it held:
@@ -39,7 +40,8 @@ class Confirmation:
     """One candidate cause and what holding it fixed showed (truthy when confirmed)."""
 
     candidate: str
-    """The candidate's name (``hashseed``, ``loader_seed``, ``one_thread``, ``deterministic``, ``tf_determinism``)."""
+    """The candidate's name (``hashseed``, ``loader_seed``, ``one_thread``, ``deterministic``, ``tf_determinism``,
+    ``numpy_seed``, ``random_seed``, ``global_seed``, ``private_rngs``)."""
     held: str
     """What the re-runs held fixed (``PYTHONHASHSEED=0``)."""
     agreed: bool | None

@@ -161,6 +161,9 @@ class ReproResult:
     """When the runs differ: each candidate cause and what re-running the pair with it held
     fixed showed (``reprobisect.workflows.confirm``), in the order tried; untested ones
     (``--no-confirm``, the cap) are questions. Empty when the runs agree or nothing is a candidate."""
+    superseded_hints: tuple[str, ...] = ()
+    """The comparison's hints whose candidate was never tried because one tried before it was
+    confirmed: a question the confirmed cause answers (the renderer drops them)."""
 
     def __bool__(self) -> bool:
         return all(bool(c) for c in self.comparisons)
@@ -278,20 +281,24 @@ def run_repro(argv: list[str], options: ProbeOptions, *, runs: int = DEFAULT_RUN
         env_set = _env_settings(results[0].trace_dir)
         first = next((i for i, c in enumerate(comps) if not c), None)
         esc = escalate(comps[first], results[0], results[first + 1], ex, tol) if first is not None else None
-        found = () if first is None else _causes(
+        found, moot = ((), ()) if first is None else _causes(
             (results[0], results[first + 1]), comps[first], ex, tol, confirm=confirm, confirm_max=confirm_max,
             note=None if options.quiet else p.note)
     return ReproResult(runs=tuple(results), comparisons=comps, tolerance=tol, hashseeds=tuple(seeds),
-                       environment_set=env_set, escalation=esc, confirmations=found)
+                       environment_set=env_set, escalation=esc, confirmations=found, superseded_hints=moot)
 
 
 def _causes(pair: tuple[ProbeResult, ProbeResult], comp: Comparison, ex: Any, tol: Tolerance, *, confirm: bool,
-            confirm_max: int, note: Any) -> tuple[Confirmation, ...]:
-    """The candidate causes of ``pair``'s difference, tested unless ``confirm`` is False."""
+            confirm_max: int, note: Any) -> tuple[tuple[Confirmation, ...], tuple[str, ...]]:
+    """The candidate causes of ``pair``'s difference, tested unless ``confirm`` is False, and the
+    hints of those left untried because an earlier one was confirmed."""
     ta = read_rank0(pair[0].trace_dir, allow_incomplete=True)
     tb = read_rank0(pair[1].trace_dir, allow_incomplete=True)
     candidates = cause_candidates(ta, tb, comp, same_command=True)
     where = place(comp)
     if not confirm:
-        return tuple(untested(c, pair[0].spec.argv, "not tried", where) for c in candidates)
-    return confirm_causes(pair, candidates, ex, tol, max_tries=confirm_max, original=where, note=note)
+        return tuple(untested(c, pair[0].spec.argv, "not tried", where) for c in candidates), ()
+    found = confirm_causes(pair, candidates, ex, tol, max_tries=confirm_max, original=where, note=note)
+    if not any(found):
+        return found, ()
+    return found, tuple(c.hint for c in candidates[len(found):] if c.hint)

@@ -11,7 +11,8 @@ before clipping), ``torch_manual`` (updates by hand, without ``torch.optim``),
 ``torch_evaluation`` (evaluation summaries), ``torch_init`` (parameters before the first
 update), ``torch_forward`` (inputs, activations, outputs), ``torch_params`` (parameters and
 optimizer state after the update), ``torch_capture`` (state capture, seeds, schedulers).
-``torch_common`` holds their shared tensor helpers. Collectives are
+``torch_common`` holds their shared tensor helpers. ``rng_sources`` (framework-free, run by
+the torch recorder) lists the generators the user's code builds without a seed. Collectives are
 ``runners.distributed_torch``'s.
 
 TensorFlow (``tf_*``) for ``runners.tensorflow.TFRecorder``: ``tf_batches`` (batch IDs by
