@@ -23,9 +23,9 @@ batch. Evaluation (``no_grad``/``inference_mode``) in the end-of-step code runs 
 What the end-of-step code saved is noted for the verdict (``environment["preempt"]`` in the
 manifest, through the recorder's ``environment_extra``): each ``torch.save`` after the last step with the state it held
 (the optimizer steps taken, a scheduler's ``last_epoch``, whether it holds an optimizer a
-scheduler drives: ``initial_lr`` in its param groups) and the ``scheduler.step()`` calls that
-came after it — a checkpoint saved before its scheduler stepped is told from one that never
-saved the scheduler.
+scheduler drives: ``initial_lr`` in its param groups, the GradScaler scales it holds) and the
+``scheduler.step()`` calls that came after it — a checkpoint saved before its scheduler stepped
+is told from one that never saved the scheduler, and a GradScaler never saved from one not loaded.
 """
 
 from __future__ import annotations
@@ -92,6 +92,28 @@ def _scheduled_optimizer(obj: Any, depth: int = 0) -> bool:
     return False
 
 
+def _scaler_scales(obj: Any, depth: int = 0) -> list[float]:
+    """The GradScaler scales inside a saved object (``scaler.state_dict()``: ``scale`` beside
+    ``_growth_tracker``, or a GradScaler saved whole; nested dicts/lists, a few levels)."""
+    if depth > 4:
+        return []
+    if callable(getattr(obj, "get_scale", None)) and callable(getattr(obj, "state_dict", None)):
+        try:
+            return [float(obj.get_scale())]
+        except Exception:
+            return []
+    if isinstance(obj, dict):
+        if "scale" in obj and "_growth_tracker" in obj:
+            try:
+                return [float(obj["scale"])]
+            except (TypeError, ValueError):
+                return []
+        return [s for v in list(obj.values())[:64] for s in _scaler_scales(v, depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in list(obj)[:64] for s in _scaler_scales(v, depth + 1)]
+    return []
+
+
 def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
     """Note each ``torch.save`` and ``scheduler.step()`` of the end-of-step code (``saves``)."""
     from torch.optim import lr_scheduler
@@ -103,7 +125,7 @@ def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
         name = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
         saves.append({"file": name, "optimizer_steps": int(getattr(rec, "_opt_posts", 0) or 0),
                       "schedulers": _scheduler_states(obj), "scheduler_steps_after": 0,
-                      "scheduled_optimizer": _scheduled_optimizer(obj)})
+                      "scheduled_optimizer": _scheduled_optimizer(obj), "scaler_scales": _scaler_scales(obj)})
         return out
 
     base = lr_scheduler.LRScheduler

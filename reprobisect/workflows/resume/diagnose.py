@@ -25,15 +25,23 @@ the order a step depends on its state:
 2. the model parameters at the start: C's initial parameters are not A's after step K-1;
 3. data order: the batch IDs differ (and whether the data restarted from its beginning);
    Lightning's ``batch_idx``: the dataloader position;
+   the GradScaler: its scale differs (the scaler's decision precedes the optimizer step and the
+   scheduler, so a step it skipped — no lr recorded, a schedule stepped only after real updates
+   falling behind — is listed under "also" as its consequence, never as learning-rate evidence);
+   the optimizer state;
 4. learning rate / scheduler (told by what the interrupted run saved after its last step:
    a scheduler saved before it stepped is "saved one step late", an optimizer a scheduler
    drives saved without any scheduler state is "not saved", one saved up to date "not loaded");
-   5. GradScaler; Lightning's loop progress and callback states;
+   5. Lightning's loop progress and callback states;
 6. the records in chain order: a batch tensor, an input or a module output (dropout, an
    augmentation) that differs while its inputs agree is RNG; a loss that differs while the
    batch and the parameters agree is RNG (a sentinel trace sees no activations); parameters
    after the step or optimizer state that differ while the gradients agree are the
    optimizer state.
+
+When every training record agrees, the evaluation summaries both runs recorded between steps
+(``scalars["eval"]``: ``evaluation.evaluation_difference``) are compared: other outputs there are
+an ``evaluation`` finding (an EMA/averaged copy or a teacher not restored), not a bitwise resume.
 """
 
 from __future__ import annotations
@@ -45,11 +53,12 @@ from typing import Any
 
 from reprobisect.trace.format import Record, Step
 from reprobisect.trace.reader import Trace
+from reprobisect.workflows.resume.evaluation import evaluation_difference
 
 __all__ = ["COMPONENTS", "Alignment", "Finding", "align", "diagnose", "first_difference"]
 
 COMPONENTS = ("checkpoint", "step counter", "model parameters", "data order", "dataloader position", "learning rate / scheduler",
-              "GradScaler", "loop progress", "callback state", "RNG", "optimizer state", "other")
+              "GradScaler", "loop progress", "callback state", "RNG", "optimizer state", "evaluation", "other")
 """The state components a finding can name (``Finding.component``)."""
 
 _FORWARD = ("input", "activation", "output")
@@ -77,6 +86,12 @@ class Finding:
 
 def _lr(s: Step) -> Any:
     return s.scalars.get("lr")
+
+
+def _lr_unrecorded(sa: Step, sc: Step) -> bool:
+    """One of the two steps has no learning rate because the GradScaler skipped its
+    ``optimizer.step()`` (``scaler_skipped``): the missing rate is no learning-rate evidence."""
+    return any(_lr(s) is None and s.scalars.get("scaler_skipped") for s in (sa, sc)) and _lr(sa) != _lr(sc)
 
 
 _LIGHTNING_COUNTERS = ("global_step", "epoch", "batch_idx")
@@ -139,6 +154,8 @@ def first_difference(a: Step, c: Step) -> str | None:
     if a.batch_ids != c.batch_ids:
         return f"batch IDs {_short(a.batch_ids)} vs {_short(c.batch_ids)}"
     for key in ("lr", "scaler_scale", "loss", "grad_norm"):
+        if key == "lr" and _lr_unrecorded(a, c):
+            continue  # a step the GradScaler skipped records no lr: not a learning rate that differs
         if a.scalars.get(key) != c.scalars.get(key):
             return f"{key} {a.scalars.get(key)!r} vs {c.scalars.get(key)!r}"
     la, lc = _lightning(a), _lightning(c)
@@ -421,7 +438,12 @@ def diagnose(a: Trace, c: Trace, at: int, *, saved: tuple[dict[str, Any], ...] =
     what the interrupted run's end-of-step code saved (``Reference.saved``), the evidence that
     tells a scheduler saved before it stepped from one never saved or never loaded."""
     al = align(a, c, at)
-    return _diagnose(a, al.trace, al.start, tuple(saved))
+    found = _diagnose(a, al.trace, al.start, tuple(saved))
+    if found is None:  # training agrees: what it evaluated between steps may not (evaluation_difference)
+        ev = evaluation_difference(a, al.trace, al.start)
+        if ev is not None:
+            return Finding(step=ev[0], component="evaluation", what=ev[1], why=ev[2])
+    return found
 
 
 def _diagnose(a: Trace, c: Trace, at: int, saved: tuple[dict[str, Any], ...] = ()) -> Finding | None:
@@ -444,6 +466,8 @@ def _diagnose(a: Trace, c: Trace, at: int, saved: tuple[dict[str, Any], ...] = (
             continue
         la, lc = _lightning(sa), _lightning(sc)
         found = _name(a, c, at, sa, sc, what, bad, prev_same, saved)
+        if found[0] == "GradScaler":
+            also.extend(_scaler_consequences(a, c, at, sa, sc))
         for key, comp in (("global_step", "step counter"), ("batch_idx", "dataloader position"),
                           ("loops", "loop progress"), ("callbacks", "callback state")):
             if la and lc and la.get(key) != lc.get(key) and comp != found[0]:
@@ -495,6 +519,9 @@ def _name(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: str, bad_init: 
         return (comp, f"batch IDs {_short(sa.batch_ids)} vs {_short(sc.batch_ids)}{where}",
                 "the data position was not restored: save the sampler/dataloader state (StatefulDataLoader, "
                 "the epoch and batches consumed) and skip to it on resume")
+    scaler = _scaler_component(a, sa, sc, saved)
+    if scaler is not None:  # the scaler's decision precedes the optimizer step and the scheduler
+        return scaler
     opt = _optim_state_differs(sa, sc)
     if opt is not None:
         return ("optimizer state", f"optimizer state '{opt}' differs while the gradients agree"
@@ -550,8 +577,9 @@ def _counter_component(a: Trace, c: Trace, at: int, sa: Step, sc: Step, what: st
 
 
 def _lr_component(a: Trace, sa: Step, sc: Step, saved: tuple[dict[str, Any], ...]) -> tuple[str, str, str] | None:
-    """The learning rate / scheduler or the GradScaler, when its scalar differs (None: neither)."""
-    if _lr(sa) != _lr(sc):
+    """The learning rate / scheduler, when the rate differs (None: it does not, or it is only missing
+    on a step the GradScaler skipped: ``_lr_unrecorded``)."""
+    if _lr(sa) != _lr(sc) and not _lr_unrecorded(sa, sc):
         lag = _lr_lag(a, sa, sc)
         what = f"learning rate {_lr(sa)!r} vs {_lr(sc)!r}" + (f" ({lag[1]})" if lag else "")
         data = _data_at_own_step(a, sa, sc)
@@ -573,10 +601,81 @@ def _lr_component(a: Trace, sa: Step, sc: Step, saved: tuple[dict[str, Any], ...
         return ("learning rate / scheduler", what,
                 "the LR scheduler's state was not saved or not loaded (or saved before it stepped): save "
                 "scheduler.state_dict() after scheduler.step() and load it on resume")
-    if sa.scalars.get("scaler_scale") != sc.scalars.get("scaler_scale"):
-        return ("GradScaler", f"GradScaler scale {sa.scalars.get('scaler_scale')!r} vs {sc.scalars.get('scaler_scale')!r}",
-                "the GradScaler's state (scale, growth tracker) was not saved/loaded: save scaler.state_dict()")
     return None
+
+
+def _scaler_component(a: Trace, sa: Step, sc: Step,
+                      saved: tuple[dict[str, Any], ...]) -> tuple[str, str, str] | None:
+    """The GradScaler, when its scale differs at the step: the scale a step's loss is multiplied by
+    is the scaler's state carried from the step before, so at the first step that differs nothing
+    recorded earlier set it. A step skipped in one run only at the same scale is no such evidence
+    (its gradients overflowed in one run only: they differ first). None: the scales agree."""
+    va, vc = sa.scalars.get("scaler_scale"), sc.scalars.get("scaler_scale")
+    if va == vc:
+        return None
+    what = f"GradScaler scale {va!r} vs {vc!r}"
+    first = a.steps[0].scalars.get("scaler_scale") if a.steps else None
+    fresh = vc is not None and vc == first
+    if fresh:
+        what += (f": the resumed run's is the scale the uninterrupted run started with (a fresh GradScaler's "
+                 f"init_scale{', 2**16 by default' if vc == 65536.0 else ''})")
+    for s, who, other in ((sc, "resumed", "uninterrupted"), (sa, "uninterrupted", "resumed")):
+        t = sa if s is sc else sc
+        if s.scalars.get("scaler_skipped") and not t.scalars.get("scaler_skipped"):
+            what += (f"; the {who} run's GradScaler skipped this step's optimizer.step() (its scaled gradients "
+                     f"overflowed), the {other} run's did not")
+    return ("GradScaler", what, _scaler_why(saved, va, vc, fresh))
+
+
+def _scaler_why(saved: tuple[dict[str, Any], ...], va: Any, vc: Any, fresh: bool) -> str:
+    """Why the scales differ, from what the interrupted run saved after its last step (each save's
+    ``scaler_scales``, ``runners.preempt_torch``): not saved, saved before ``scaler.update()``, or
+    saved and not loaded; without that note, both are said."""
+    fix = "save scaler.state_dict() with the checkpoint and load it on resume (scaler.load_state_dict)"
+    starts = "starts again from its initial scale" if fresh else "starts from another scale"
+    held = [x for x in saved if x.get("scaler_scales")]
+    if held:
+        name = os.path.basename(held[-1].get("file") or "") or "the checkpoint"
+        scale = held[-1]["scaler_scales"][-1]
+        if scale == va:
+            return (f"the interrupted run saved {name} with the GradScaler's state (scale {scale!r}), yet the resumed "
+                    f"run's scaler {starts}: the resume did not load it (scaler.load_state_dict), or built the "
+                    "GradScaler again after loading it")
+        if scale == vc:
+            return (f"the interrupted run saved {name} with the GradScaler's scale {scale!r}, the one before that "
+                    "step's scaler.update(): saved before the scaler updated; save after scaler.update()")
+        return f"the GradScaler's state in {name} (scale {scale!r}) is not the one the run had: {fix}"
+    noted = [x for x in saved if "scaler_scales" in x]
+    if noted:
+        names = ", ".join(sorted({os.path.basename(x.get("file") or "") or "an in-memory buffer" for x in noted}))
+        return (f"the GradScaler's state was not saved: no file the interrupted run saved after its last step "
+                f"({names}) holds it, so the resumed run's scaler {starts}; {fix}")
+    return f"the GradScaler's state (scale, growth tracker) was not saved or not loaded: {fix}"
+
+
+def _scaler_consequences(a: Trace, c: Trace, at: int, sa: Step, sc: Step) -> list[str]:
+    """What follows from a GradScaler named at ``sa``: no learning rate recorded on a skipped step,
+    and a later learning rate behind by the optimizer steps the resumed run's scaler skipped (a
+    scheduler stepped only after a real optimizer step falls behind by them)."""
+    out = []
+    if _lr_unrecorded(sa, sc):
+        who = "resumed" if _lr(sc) is None else "uninterrupted"
+        out.append(f"no learning rate recorded at step {sa.step} in the {who} run, whose GradScaler skipped "
+                   "optimizer.step(): a consequence of the scale, not a learning rate that differs")
+    skipped = 0
+    for yc in c.steps[c.steps.index(sc):]:
+        ya = a.step(at + yc.step)
+        if ya is None:
+            break
+        if yc is not sc and _lr(ya) is not None and _lr(yc) is not None and _lr(ya) != _lr(yc):
+            lag = a.step(ya.step - skipped) if skipped > 0 else None
+            tail = (f" = the uninterrupted run's at step {lag.step}: behind by the {skipped} optimizer step(s) the "
+                    "resumed run's GradScaler skipped (a consequence, when the scheduler steps only after a real "
+                    "optimizer step)") if lag is not None and _lr(lag) == _lr(yc) else ""
+            out.append(f"learning rate at step {ya.step} {_lr(ya)!r} vs {_lr(yc)!r}{tail}")
+            break
+        skipped += int(bool(yc.scalars.get("scaler_skipped"))) - int(bool(ya.scalars.get("scaler_skipped")))
+    return out
 
 
 def _lr_lag(a: Trace, sa: Step, sc: Step) -> tuple[int, str] | None:
