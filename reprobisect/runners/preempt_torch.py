@@ -31,7 +31,7 @@ is told from one that never saved the scheduler, and a GradScaler never saved fr
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -60,58 +60,55 @@ def _evaluation_fetch(rec: Any, it: Any) -> bool:
     return False
 
 
-def _scheduler_states(obj: Any, depth: int = 0) -> list[dict[str, Any]]:
-    """The LR-scheduler states inside a saved object (state dicts, or schedulers saved whole;
-    nested dicts/lists, a few levels)."""
+def _found_in(obj: Any, pick: Callable[[Any], list[Any] | None], depth: int = 0) -> list[Any]:
+    """What ``pick`` finds inside a saved object: ``pick(x)`` returns a list for an ``x`` it
+    recognises (not looked into further) or None to look inside ``x`` (nested dicts, lists and
+    tuples: 4 levels, 64 items each — a checkpoint's state, not a dataset saved beside it)."""
     if depth > 4:
         return []
+    hit = pick(obj)
+    if hit is not None:
+        return hit
+    if isinstance(obj, dict):
+        items = list(obj.values())[:64]
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)[:64]
+    else:
+        return []
+    return [x for v in items for x in _found_in(v, pick, depth + 1)]
+
+
+def _scheduler_state(obj: Any) -> list[dict[str, Any]] | None:
+    """An LR scheduler's state: a ``state_dict()``, or a scheduler saved whole."""
     if hasattr(obj, "last_epoch") and hasattr(obj, "optimizer") and callable(getattr(obj, "state_dict", None)):
         return [{"last_epoch": getattr(obj, "last_epoch", None), "step_count": getattr(obj, "_step_count", None)}]
-    if isinstance(obj, dict):
-        if "last_epoch" in obj and "_step_count" in obj:
-            return [{"last_epoch": obj.get("last_epoch"), "step_count": obj.get("_step_count")}]
-        return [s for v in list(obj.values())[:64] for s in _scheduler_states(v, depth + 1)]
-    if isinstance(obj, (list, tuple)):
-        return [s for v in list(obj)[:64] for s in _scheduler_states(v, depth + 1)]
-    return []
+    if isinstance(obj, dict) and "last_epoch" in obj and "_step_count" in obj:
+        return [{"last_epoch": obj.get("last_epoch"), "step_count": obj.get("_step_count")}]
+    return None
 
 
-def _scheduled_optimizer(obj: Any, depth: int = 0) -> bool:
-    """Whether a saved object holds an optimizer state dict whose param groups carry ``initial_lr``:
-    an LR scheduler was attached to that optimizer (its constructor sets it), whether or not the
-    scheduler's own state was saved beside it."""
-    if depth > 4:
-        return False
-    if isinstance(obj, dict):
-        groups = obj.get("param_groups")
-        if isinstance(groups, list) and "state" in obj:
-            return any(isinstance(g, dict) and "initial_lr" in g for g in groups)
-        return any(_scheduled_optimizer(v, depth + 1) for v in list(obj.values())[:64])
-    if isinstance(obj, (list, tuple)):
-        return any(_scheduled_optimizer(v, depth + 1) for v in list(obj)[:64])
-    return False
+def _optimizer_scheduled(obj: Any) -> list[bool] | None:
+    """An optimizer state dict: ``[True]`` when its param groups carry ``initial_lr`` (an LR
+    scheduler was attached to it: its constructor sets it), else ``[]``."""
+    if isinstance(obj, dict) and isinstance(obj.get("param_groups"), list) and "state" in obj:
+        return [True] if any(isinstance(g, dict) and "initial_lr" in g for g in obj["param_groups"]) else []
+    return None
 
 
-def _scaler_scales(obj: Any, depth: int = 0) -> list[float]:
-    """The GradScaler scales inside a saved object (``scaler.state_dict()``: ``scale`` beside
-    ``_growth_tracker``, or a GradScaler saved whole; nested dicts/lists, a few levels)."""
-    if depth > 4:
-        return []
+def _scaler_scale(obj: Any) -> list[float] | None:
+    """A GradScaler's scale: ``scaler.state_dict()`` (``scale`` beside ``_growth_tracker``) or a
+    GradScaler saved whole."""
     if callable(getattr(obj, "get_scale", None)) and callable(getattr(obj, "state_dict", None)):
         try:
             return [float(obj.get_scale())]
         except Exception:
             return []
-    if isinstance(obj, dict):
-        if "scale" in obj and "_growth_tracker" in obj:
-            try:
-                return [float(obj["scale"])]
-            except (TypeError, ValueError):
-                return []
-        return [s for v in list(obj.values())[:64] for s in _scaler_scales(v, depth + 1)]
-    if isinstance(obj, (list, tuple)):
-        return [s for v in list(obj)[:64] for s in _scaler_scales(v, depth + 1)]
-    return []
+    if isinstance(obj, dict) and "scale" in obj and "_growth_tracker" in obj:
+        try:
+            return [float(obj["scale"])]
+        except (TypeError, ValueError):
+            return []
+    return None
 
 
 def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
@@ -124,8 +121,9 @@ def _watch_saves(rec: Any, saves: list[dict[str, Any]]) -> None:
         out = save(obj, f, *args, **kwargs)
         name = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
         saves.append({"file": name, "optimizer_steps": int(getattr(rec, "_opt_posts", 0) or 0),
-                      "schedulers": _scheduler_states(obj), "scheduler_steps_after": 0,
-                      "scheduled_optimizer": _scheduled_optimizer(obj), "scaler_scales": _scaler_scales(obj)})
+                      "schedulers": _found_in(obj, _scheduler_state), "scheduler_steps_after": 0,
+                      "scheduled_optimizer": bool(_found_in(obj, _optimizer_scheduled)),
+                      "scaler_scales": _found_in(obj, _scaler_scale)})
         return out
 
     base = lr_scheduler.LRScheduler

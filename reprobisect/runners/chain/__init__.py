@@ -9,7 +9,7 @@ made unique, the loss scalars, the first non-finite record, JSON-safe floats).
 
 from reprobisect.runners.chain.evaluation import EvalRuns, summarize
 from reprobisect.runners.chain.observer import Observer, flatten, observer_classes, register_observer
-from reprobisect.runners.chain.steps import combine, first_nonfinite, json_float, loss_scalars, unique
+from reprobisect.runners.chain.steps import combine, first_nonfinite, json_float, loss_scalars, plain_settings, unique
 
-__all__ = ["EvalRuns", "Observer", "combine", "first_nonfinite", "flatten", "json_float", "loss_scalars",
+__all__ = ["EvalRuns", "Observer", "combine", "first_nonfinite", "flatten", "json_float", "loss_scalars", "plain_settings",
            "observer_classes", "register_observer", "summarize", "unique"]

@@ -1,8 +1,8 @@
 """What both recorders compute the same way for a step (framework-free).
 
 Record names made unique within a step (``name#k``), the loss scalars from the step's loss
-records, the first record holding NaN/Inf, JSON-safe floats and the combined fingerprint of
-a list of fingerprints.
+records, the first record holding NaN/Inf, JSON-safe floats, an optimizer's plain settings
+and the combined fingerprint of a list of fingerprints.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hashlib
 import math
 from typing import Any, Iterable
 
-__all__ = ["combine", "first_nonfinite", "json_float", "loss_scalars", "unique"]
+__all__ = ["combine", "first_nonfinite", "json_float", "loss_scalars", "plain_settings", "unique"]
 
 
 def unique(occ: dict[tuple[str, str], int], kind: str, base: str) -> str:
@@ -26,6 +26,29 @@ def json_float(x: float) -> float | str:
     if math.isfinite(x):
         return x
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def _plain(v: Any) -> Any:
+    """``v`` as JSON when it is a plain bool, number or sequence of numbers (``betas``), else None
+    (a tensor, variable or schedule is left out: reading it could wait on the device)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return json_float(float(v))
+    if isinstance(v, (tuple, list)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return [json_float(float(x)) for x in v]
+    return None
+
+
+def plain_settings(get: Any, keys: Iterable[str]) -> dict[str, Any]:
+    """The optimizer settings ``keys`` that ``get(key)`` gives as plain values (``_plain``), by
+    key: a torch param group's (``group.get``), a Keras optimizer's attributes."""
+    out = {}
+    for key in keys:
+        v = _plain(get(key))
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def combine(fingerprints: list[str]) -> str:

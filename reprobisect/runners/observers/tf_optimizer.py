@@ -23,7 +23,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from reprobisect.errors import UsageError
-from reprobisect.runners.chain import Observer, json_float, register_observer, unique
+from reprobisect.runners.chain import Observer, plain_settings, register_observer, unique
 from reprobisect.runners.observers.tf_common import _Apply, _dense, _in_xla, _read, _tensors, _total_norm, _var_name
 
 __all__ = ["TFOptimizerObserver", "HYPERPARAMS"]
@@ -39,14 +39,7 @@ def _hyperparams(opt: Any) -> list[dict[str, Any]] | None:
     an optimizer: a step ended by hand). A variable or schedule is left out (not plain)."""
     if opt is None:
         return None
-    out: dict[str, Any] = {}
-    for key in HYPERPARAMS:
-        v = getattr(opt, key, None)
-        if isinstance(v, bool):
-            out[key] = v
-        elif isinstance(v, (int, float)):
-            out[key] = json_float(float(v))
-    return [out]
+    return [plain_settings(lambda key: getattr(opt, key, None), HYPERPARAMS)]
 
 
 class TFOptimizerObserver(Observer):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from reprobisect.runners.chain import Observer, json_float, register_observer
+from reprobisect.runners.chain import Observer, plain_settings, register_observer
 from reprobisect.runners.observers.torch_common import _float
 
 __all__ = ["ParamsObserver", "HYPERPARAMS"]
@@ -26,27 +26,9 @@ HYPERPARAMS = ("betas", "eps", "weight_decay", "momentum", "dampening", "nestero
 (Adam/AdamW, SGD, RMSprop, Adadelta, Adagrad), recorded when a group holds them."""
 
 
-def _plain(v: Any) -> Any:
-    """``v`` as JSON when it is a plain bool, number or tuple of numbers (``betas``), else None
-    (a tensor hyperparameter is left out: reading it could wait on the device)."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        return json_float(float(v))
-    if isinstance(v, (tuple, list)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-        return [json_float(float(x)) for x in v]
-    return None
-
-
 def _hyperparams(group: dict[str, Any]) -> dict[str, Any]:
     """One param group's ``HYPERPARAMS`` that it holds as plain values."""
-    out = {}
-    for key in HYPERPARAMS:
-        if key in group:
-            v = _plain(group[key])
-            if v is not None:
-                out[key] = v
-    return out
+    return plain_settings(group.get, HYPERPARAMS)
 
 
 class ParamsObserver(Observer):

@@ -190,7 +190,7 @@ def _single_run(argv: list[str], options: ProbeOptions, todo: tuple[str, ...], b
     frame[0] = framework_of(run.trace)
     if "finite" in todo:
         found = check_finite(run.trace)
-        if options.out is not None and first_nonfinite(run.trace) is not None:
+        if options.out is not None and first_nonfinite(run.trace.steps) is not None:
             found = [run.keep_first_bad(found[0], base / "first-nonfinite", kept)]
         elif options.out is None and found and found[0].severity != "info":
             f = found[0]

@@ -43,7 +43,7 @@ from reprobisect.trace.format import Record, Step, stat_value
 from reprobisect.trace.reader import Trace
 from reprobisect.workflows.doctor.model import Finding
 
-__all__ = ["CRASH_CONTRACT", "check_contract", "crash_cause", "loss_input", "loss_findings", "probabilities_bound", "probability_floor"]
+__all__ = ["CRASH_CONTRACT", "check_contract", "crash_cause", "first_scalar", "loss_input", "loss_findings", "probabilities_bound", "probability_floor"]
 
 CRASH_CONTRACT = (
     (r"Target -?\d+ is out of bounds|t >= 0 && t < n_classes", "",
@@ -92,10 +92,10 @@ def _broadcast(steps: list[Step]) -> list[Finding]:
     """An element-wise loss given shapes that broadcast to more elements (measured at the call,
     ``scalars.loss_shape_broadcast``), else an ``[N, 1]`` against ``[N]`` broadcast in the first
     step's loss graph (``scalars.loss_broadcast``)."""
-    called = _first(steps, "loss_shape_broadcast")
+    called = first_scalar(steps, "loss_shape_broadcast")
     if called is not None:
         return [_called_broadcast(*called)]
-    hit = _first(steps, "loss_broadcast")
+    hit = first_scalar(steps, "loss_broadcast")
     if hit is None:
         return []
     s, b = hit
@@ -113,7 +113,7 @@ _WARNS = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 """The losses that broadcast different shapes with a warning (the BCE pair raise instead)."""
 
 
-def _first(steps: list[Step], key: str) -> tuple[Step, dict[str, Any]] | None:
+def first_scalar(steps: list[Step], key: str) -> tuple[Step, dict[str, Any]] | None:
     """The first step whose scalar ``key`` is a dict, with it."""
     return next(((s, s.scalars[key]) for s in steps if isinstance(s.scalars.get(key), dict)), None)
 
@@ -215,7 +215,7 @@ def probabilities_bound(steps: list[Step]) -> dict[str, Any] | None:
         why = spelled[0]
     elif m.get("loss") == "cross_entropy" and _sums_to_one(m):
         why = "values in [0, 1] whose rows sum to 1"
-    elif _first(steps, "loss_probabilities") is not None:
+    elif first_scalar(steps, "loss_probabilities") is not None:
         why = "a softmax or sigmoid right before it in the loss graph"
     else:
         return None

@@ -12,7 +12,7 @@ of the batch and the gradient norms and learning rates of the steps before it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from reprobisect.trace.format import Record, Step, stat_value
 from reprobisect.trace.reader import Trace
@@ -55,10 +55,11 @@ def _bad(rec: Record) -> bool:
     return bool(st.get("nan")) or bool(st.get("inf"))
 
 
-def first_nonfinite(trace: Trace) -> tuple[Step, Record] | None:
-    """The first record (in step and chain order) whose stats count a NaN or Inf; a
-    GradScaler's skipped step's gradients do not count (that is what it skips for)."""
-    for step in trace.steps:
+def first_nonfinite(steps: Iterable[Step]) -> tuple[Step, Record] | None:
+    """The first record of ``steps`` (in step and chain order: a trace's ``steps``) whose stats
+    count a NaN or Inf; a GradScaler's skipped step's gradients do not count (that is what it
+    skips for)."""
+    for step in steps:
         skipped = bool(step.scalars.get("scaler_skipped"))
         for rec in step.records:
             if skipped and rec.kind == "grad":
@@ -134,7 +135,7 @@ def _input_from_code(step: Step, rec: Record) -> bool:
 def check_finite(trace: Trace) -> list[Finding]:
     """The ``finite`` finding of one recorded run: the first non-finite tensor (error), or
     an ``info`` that none appeared in the steps recorded."""
-    hit = first_nonfinite(trace)
+    hit = first_nonfinite(trace.steps)
     if hit is None:
         n = len(trace.steps)
         return [Finding("finite", "info", f"no NaN or Inf in the {n} step(s) recorded (batch, forward, loss, "

@@ -37,7 +37,8 @@ from typing import Any
 
 from reprobisect.trace.format import Step, stat_value
 from reprobisect.trace.reader import Trace
-from reprobisect.workflows.doctor.contract import probabilities_bound, probability_floor
+from reprobisect.workflows.doctor.contract import first_scalar, probabilities_bound, probability_floor
+from reprobisect.workflows.doctor.finite import first_nonfinite
 from reprobisect.workflows.doctor.model import Finding
 
 __all__ = ["DEFAULT_OVERFIT_STEPS", "check_overfit"]
@@ -121,11 +122,8 @@ def _on_probabilities(steps: list[Step], vals: list[float], acc_end: Any, took: 
 def _broadcast_note(steps: list[Step]) -> dict[str, Any] | None:
     """The broadcast into the loss the fixed-batch run itself recorded (``scalars.loss_shape_broadcast``
     or ``loss_broadcast``), or None."""
-    for key in ("loss_shape_broadcast", "loss_broadcast"):
-        b = next((s.scalars[key] for s in steps if isinstance(s.scalars.get(key), dict)), None)
-        if b is not None:
-            return b
-    return None
+    hit = first_scalar(steps, "loss_shape_broadcast") or first_scalar(steps, "loss_broadcast")
+    return hit[1] if hit is not None else None
 
 
 def _with_broadcast(found: list[Finding], steps: list[Step]) -> list[Finding]:
@@ -152,17 +150,6 @@ def check_overfit(trace: Trace | None, *, wall_s: float, asked: int) -> list[Fin
     return _with_broadcast(_verdict(steps, wall_s=wall_s, asked=asked), steps)
 
 
-def _first_nonfinite_kind(steps: list[Step]) -> str | None:
-    """The kind of the first record (in step and chain order) whose stats count a NaN or Inf."""
-    for step in steps:
-        skipped = bool(step.scalars.get("scaler_skipped"))  # a GradScaler skips for its non-finite grads
-        for rec in step.records:
-            st = rec.stats or {}
-            if (st.get("nan") or st.get("inf")) and not (skipped and rec.kind == "grad"):
-                return rec.kind
-    return None
-
-
 def _nonfinite(steps: list[Step], bad: int, ev: dict[str, Any]) -> Finding:
     """The loss of the fixed-batch run went non-finite: blamed on what went non-finite first.
 
@@ -170,7 +157,8 @@ def _nonfinite(steps: list[Step], bad: int, ev: dict[str, Any]) -> Finding:
     batch (a log of 0), not an unstable update: lowering the learning rate would not help.
     """
     at = steps[bad].step
-    first = _first_nonfinite_kind(steps[:bad + 1])
+    hit = first_nonfinite(steps[:bad + 1])
+    first = hit[1].kind if hit is not None else None
     ev = {**ev, "first_nonfinite_kind": first}
     check = "run `bisect doctor --check finite` for the first non-finite tensor"
     if first == "loss":

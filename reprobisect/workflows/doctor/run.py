@@ -56,7 +56,7 @@ class RecordedRun:
         res = _capture(self.argv, dest, config, self.options, self.cwd)
         ev = dict(finding.evidence)
         try:
-            again = first_nonfinite(read_rank0(dest, allow_incomplete=True))
+            again = first_nonfinite(read_rank0(dest, allow_incomplete=True).steps)
         except ReproError:
             again = None
         if again is None or again[0].step != k or f"{again[1].kind} '{again[1].name}'" != ev["tensor"] \

@@ -627,6 +627,16 @@ def _scaler_component(a: Trace, sa: Step, sc: Step,
     return ("GradScaler", what, _scaler_why(saved, va, vc, fresh))
 
 
+def _file_name(save: dict[str, Any], default: str) -> str:
+    """The name of the file a noted save wrote (``default`` for a save to a buffer)."""
+    return os.path.basename(save.get("file") or "") or default
+
+
+def _file_names(saves: Any) -> str:
+    """The names of the files the noted ``saves`` wrote, sorted, once each."""
+    return ", ".join(sorted({_file_name(x, "an in-memory buffer") for x in saves}))
+
+
 def _scaler_why(saved: tuple[dict[str, Any], ...], va: Any, vc: Any, fresh: bool) -> str:
     """Why the scales differ, from what the interrupted run saved after its last step (each save's
     ``scaler_scales``, ``runners.preempt_torch``): not saved, saved before ``scaler.update()``, or
@@ -635,7 +645,7 @@ def _scaler_why(saved: tuple[dict[str, Any], ...], va: Any, vc: Any, fresh: bool
     starts = "starts again from its initial scale" if fresh else "starts from another scale"
     held = [x for x in saved if x.get("scaler_scales")]
     if held:
-        name = os.path.basename(held[-1].get("file") or "") or "the checkpoint"
+        name = _file_name(held[-1], "the checkpoint")
         scale = held[-1]["scaler_scales"][-1]
         if scale == va:
             return (f"the interrupted run saved {name} with the GradScaler's state (scale {scale!r}), yet the resumed "
@@ -647,7 +657,7 @@ def _scaler_why(saved: tuple[dict[str, Any], ...], va: Any, vc: Any, fresh: bool
         return f"the GradScaler's state in {name} (scale {scale!r}) is not the one the run had: {fix}"
     noted = [x for x in saved if "scaler_scales" in x]
     if noted:
-        names = ", ".join(sorted({os.path.basename(x.get("file") or "") or "an in-memory buffer" for x in noted}))
+        names = _file_names(noted)
         return (f"the GradScaler's state was not saved: no file the interrupted run saved after its last step "
                 f"({names}) holds it, so the resumed run's scaler {starts}; {fix}")
     return f"the GradScaler's state (scale, growth tracker) was not saved or not loaded: {fix}"
@@ -709,7 +719,7 @@ def _scheduler_timing(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | No
     last = next((s for s in reversed(saved) if s.get("schedulers")), None)
     if last is None:
         return _scheduler_unsaved(saved)
-    name = os.path.basename(last.get("file") or "") or "the checkpoint"
+    name = _file_name(last, "the checkpoint")
     sched = last["schedulers"][-1]
     n, k = last.get("optimizer_steps"), int(last.get("scheduler_steps_after") or 0)
     if k > 0:
@@ -731,7 +741,7 @@ def _scheduler_unsaved(saved: tuple[dict[str, Any], ...]) -> tuple[str, str] | N
     driven = [s for s in saved if s.get("scheduled_optimizer")]
     if not driven:
         return None
-    names = ", ".join(sorted({os.path.basename(s.get("file") or "") or "an in-memory buffer" for s in saved}))
+    names = _file_names(saved)
     return (f"; no file the interrupted run saved after its last step ({names}) holds a scheduler's state",
             f"the LR scheduler was not saved: the checkpoint holds the optimizer, whose param groups carry a "
             f"scheduler's initial_lr, but no scheduler state_dict, so the resumed run's scheduler counts its steps "

@@ -43,10 +43,10 @@ def _differs(ea: dict[str, Any], ec: dict[str, Any]) -> str | None:
     return None
 
 
-def _first(a: Trace, c: Trace, start: int) -> tuple[int, dict[str, Any], dict[str, Any], str, int, int] | None:
-    """(A's step the evaluation ran after, A's entry, C's entry, what differs, how many compared
-    evaluations differ, how many were compared) at the first differing one; None: all agree."""
-    found, differ, compared = None, 0, 0
+def _first(a: Trace, c: Trace, start: int) -> tuple[int, dict[str, Any], dict[str, Any], str, bool] | None:
+    """(A's step the evaluation ran after, A's entry, C's entry, what differs, whether every
+    evaluation compared from that step on differs too) at the first differing one; None: all agree."""
+    found, differ, compared, before = None, 0, 0, 0
     for sc in c.steps:
         sa = a.step(start + sc.step)
         if sa is None:
@@ -54,6 +54,8 @@ def _first(a: Trace, c: Trace, start: int) -> tuple[int, dict[str, Any], dict[st
         ea, ec = _entries(sa.scalars.get("eval")), _entries(sc.scalars.get("eval"))
         if not ea or not ec or [e.get("phase") for e in ea] != [e.get("phase") for e in ec]:
             continue  # evaluated in one run only (or in other phases) at this step: not compared
+        if found is None:
+            before = compared  # the evaluations compared at earlier steps (they agreed)
         for xa, xc in zip(ea, ec):
             compared += 1
             what = _differs(xa, xc)
@@ -62,7 +64,7 @@ def _first(a: Trace, c: Trace, start: int) -> tuple[int, dict[str, Any], dict[st
             differ += 1
             if found is None:
                 found = (sa.step - 1, xa, xc, what)
-    return None if found is None else (*found, differ, compared)
+    return None if found is None else (*found, 1 < differ == compared - before)
 
 
 def evaluation_difference(a: Trace, c: Trace, start: int) -> tuple[int, str, str] | None:
@@ -72,9 +74,9 @@ def evaluation_difference(a: Trace, c: Trace, start: int) -> tuple[int, str, str
     first = _first(a, c, start)
     if first is None:
         return None
-    after, ea, ec, what, differ, compared = first
+    after, ea, ec, what, all_later = first
     phase = ea.get("phase") or "evaluation"
-    every = " (and every later one compared)" if 1 < differ == compared - _before(a, c, start, after) else ""
+    every = " (and every later one compared)" if all_later else ""
     lead = f"training continues bitwise, but the evaluation ({phase}) after step {after}{every}"
     if what == "ids":
         return (after, f"{lead} read other samples (their IDs' fingerprint differs)",
@@ -98,15 +100,3 @@ def evaluation_difference(a: Trace, c: Trace, start: int) -> tuple[int, str, str
                 "drawn from an RNG the resume did not restore would show the same)")
     return (after, what_text, why)
 
-
-def _before(a: Trace, c: Trace, start: int, after: int) -> int:
-    """How many compared evaluations ran before the one after step ``after`` (they agreed)."""
-    n = 0
-    for sc in c.steps:
-        sa = a.step(start + sc.step)
-        if sa is None or sa.step - 1 >= after:
-            break
-        ea, ec = _entries(sa.scalars.get("eval")), _entries(sc.scalars.get("eval"))
-        if ea and ec and [e.get("phase") for e in ea] == [e.get("phase") for e in ec]:
-            n += len(ea)
-    return n
